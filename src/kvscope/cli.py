@@ -1,0 +1,329 @@
+"""The `kvscope` command line."""
+
+import functools
+import json
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvscope import environment
+from kvscope.config import EngineConfig, load_yaml, parse_engine
+from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, vllm
+from kvscope.engines import state as engine_state
+from kvscope.engines.base import Capabilities, Endpoints, Engine
+from kvscope.engines.detect import detect, fetch_metrics, list_models
+from kvscope.engines.process import group_members, stop_group
+from kvscope.engines.runtime import start
+from kvscope.errors import EngineError, KvscopeError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
+engine_app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
+app.add_typer(engine_app, name="engine")
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def friendly(fn: Callable[P, R]) -> Callable[P, R]:
+    """Report a KvscopeError as one `error:` line (plus an engine log tail) and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except KvscopeError as err:
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+class Progress:
+    """Step lines on a terminal spinner; in CI (no TTY) one line per step, not per pip line."""
+
+    def __init__(self) -> None:
+        self._status = console.status("") if console.is_terminal else None
+        self._last_step = ""
+
+    def __enter__(self) -> "Progress":
+        if self._status:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status:
+            self._status.__exit__(None, None, None)
+
+    def __call__(self, message: str) -> None:
+        step = message.split(":", 1)[0]
+        if self._status:
+            self._status.update(message)
+        if step != self._last_step:
+            console.print(f"  {step}", highlight=False)
+            self._last_step = step
+
+
+KindOpt = Annotated[
+    str | None, typer.Option("--engine", "-e", help="vllm (embedded), sglang or attach.")
+]
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="YAML file: an engine mapping, or one under `engine:`.")
+]
+
+
+def engine_config(
+    config: Path | None,
+    *,
+    kind: str | None = None,
+    url: str | None = None,
+    **overrides: Any,
+) -> EngineConfig:
+    data: dict[str, Any] = {}
+    source = "command line"
+    if config is not None:
+        raw = load_yaml(config)
+        data = dict(raw.get("engine", raw))
+        source = str(config)
+    if kind is not None:
+        data["kind"] = kind
+    if url is not None:
+        data["url"] = url
+        data.setdefault("kind", "attach")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return parse_engine(data, source)
+
+
+@engine_app.command("install")
+@friendly
+def engine_install() -> None:
+    """Install the embedded engine (vLLM CPU, own venv) and its model; quick when done before."""
+    console.print(f"Installing {vllm.PACKAGE} {vllm.VERSION} and the embedded model")
+    with Progress() as progress:
+        python, model_dir = vllm.install(progress)
+    console.print(f"[green]ready[/]: engine {python}\n       model  {model_dir}")
+
+
+@engine_app.command("command")
+@friendly
+def engine_command(
+    config: ConfigArg = None,
+    kind: KindOpt = None,
+    kv_capacity_tokens: Annotated[int | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Print the exact launch command for a configuration, without starting anything."""
+    cfg = engine_config(config, kind=kind, kv_capacity_tokens=kv_capacity_tokens, port=port)
+    launch = make_engine(cfg).launch()
+    if launch is None:
+        raise EngineError(f"nothing to launch: kvscope attaches to {cfg.url}")
+    console.print(launch.shell(), highlight=False, soft_wrap=True)
+
+
+@engine_app.command("up")
+@friendly
+def engine_up(
+    config: ConfigArg = None,
+    kind: KindOpt = None,
+    url: Annotated[str | None, typer.Option(help="Attach to a running server.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model folder or id.")] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    kv_events_port: Annotated[int | None, typer.Option()] = None,
+    kv_capacity_tokens: Annotated[
+        int | None, typer.Option(help="KV cache size in tokens (the cache-pressure knob).")
+    ] = None,
+    context_length: Annotated[int | None, typer.Option()] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds to wait for health.")] = None,
+) -> None:
+    """Start the engine in the background (or attach), wait for health, detect capabilities."""
+    cfg = engine_config(
+        config, kind=kind, url=url, model=model, port=port, kv_events_port=kv_events_port,
+        kv_capacity_tokens=kv_capacity_tokens, context_length=context_length,
+        startup_timeout_s=timeout,
+    )  # fmt: skip
+    old = engine_state.load()
+    if old is not None and old.alive():
+        raise EngineError(
+            f"an engine is already up (pid {old.pid}, {old.endpoints.base_url}); "
+            "`kvscope engine down` first"
+        )
+    engine = make_engine(cfg)
+    log = engine_state.log_file(engine.name)
+    with console.status(f"starting {engine.name} ..."):
+        handle = start(engine, log, detached=True)
+    try:
+        with console.status("detecting capabilities ..."):
+            caps = detect(handle.endpoints, METRIC_FAMILIES)
+            runtime = _runtime_facts(handle.endpoints, caps)
+        env = environment.collect(engine, launch=handle.launch, capabilities=caps, runtime=runtime)
+    except BaseException:
+        handle.stop()
+        raise
+    proc = handle.process
+    st = engine_state.EngineState(
+        kind=engine.name,
+        pid=proc.pid if proc else None,
+        descendants=tuple(proc.descendants()) if proc else (),
+        endpoints=handle.endpoints,
+        launch_command=handle.launch.shell() if handle.launch else None,
+        log_path=str(log) if proc else None,
+        startup_s=handle.startup_s,
+        config=cfg.model_dump(mode="json"),
+        capabilities=asdict(caps),
+    )
+    engine_state.save(st)
+    engine_state.environment_file().write_text(json.dumps(env, indent=2))
+    _show(engine, st, caps, healthy=True)
+
+
+@engine_app.command("down")
+@friendly
+def engine_down() -> None:
+    """Stop the engine started by `engine up`; nothing of it keeps running."""
+    st = engine_state.load()
+    if st is None:
+        console.print("no engine is up")
+        return
+    if st.pid is None:
+        console.print(f"detached from {st.endpoints.base_url} (kvscope did not start it)")
+        engine_state.clear()
+        return
+    with console.status(f"stopping {st.kind} (pid {st.pid}) ..."):
+        stop_group(st.pid, st.descendants)
+    left = [p.pid for p in group_members(st.pid)]
+    if left:
+        raise EngineError(f"processes still running after stop: {left}")
+    engine_state.clear()
+    console.print(f"stopped {st.kind} (pid {st.pid}); no process of it is left")
+
+
+@engine_app.command("status")
+@friendly
+def engine_status(
+    url: Annotated[str | None, typer.Option(help="Inspect a server kvscope did not start.")] = None,
+    probe: Annotated[bool, typer.Option(help="Re-detect capabilities with a request.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Model, capacity in tokens, capabilities and health of the engine."""
+    if url is not None:
+        endpoints = Endpoints(base_url=url.rstrip("/"), metrics_url=f"{url.rstrip('/')}/metrics",
+                              kv_events=None)  # fmt: skip
+        caps = detect(endpoints, METRIC_FAMILIES)
+        st = engine_state.EngineState(
+            "attach", None, (), endpoints, None, None, capabilities=asdict(caps)
+        )
+        _emit(make_engine(EngineConfig(kind="attach", url=url)), st, caps, True, as_json)
+        return
+    st = engine_state.load()
+    if st is None:
+        console.print("no engine is up (start one with `kvscope engine up`)")
+        raise typer.Exit(1)
+    healthy = _healthy(st)
+    caps = None
+    if probe and healthy:
+        caps = detect(st.endpoints, METRIC_FAMILIES)
+    elif healthy:
+        caps = _refresh(st)
+    engine = make_engine(EngineConfig.model_validate(st.config))
+    _emit(engine, st, caps, healthy, as_json)
+    if not healthy:
+        raise typer.Exit(1)
+
+
+def _healthy(st: engine_state.EngineState) -> bool:
+    if st.pid is not None and not st.alive():
+        return False
+    health = ENGINES[st.kind].health_path
+    try:
+        return httpx.get(f"{st.endpoints.base_url}{health}", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _refresh(st: engine_state.EngineState) -> Capabilities:
+    """Saved capabilities with live models and capacity (no probe request)."""
+    saved = dict(st.capabilities or {})
+    with httpx.Client(timeout=10) as client:
+        saved["models"] = list_models(client, st.endpoints.base_url)
+        families = fetch_metrics(client, st.endpoints.metrics_url)
+    family = next((e for e in METRIC_FAMILIES if families and e.owns_metrics(families)), None)
+    saved["capacity_tokens"] = family.capacity_tokens(families) if family and families else None
+    saved["models"] = tuple(saved["models"])
+    saved["notes"] = tuple(saved.get("notes", ()))
+    return Capabilities(**saved)
+
+
+def _runtime_facts(endpoints: Endpoints, caps: Capabilities) -> dict[str, Any]:
+    if caps.family is None:
+        return {}
+    with httpx.Client(timeout=10) as client:
+        families = fetch_metrics(client, endpoints.metrics_url)
+    return ENGINES[caps.family].runtime_facts(families or [])
+
+
+def _yes(flag: bool | None) -> str:
+    return {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]unknown[/]"}[flag]
+
+
+def _emit(
+    engine: Engine,
+    st: engine_state.EngineState,
+    caps: Capabilities | None,
+    healthy: bool,
+    as_json: bool,
+) -> None:
+    if as_json:
+        doc = {**asdict(st), "healthy": healthy, "capabilities": asdict(caps) if caps else None}
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        _show(engine, st, caps, healthy)
+
+
+def _show(
+    engine: Engine, st: engine_state.EngineState, caps: Capabilities | None, healthy: bool
+) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    version = engine.version() if st.pid is not None else None
+    who = f"{st.kind} {version or ''}".strip()
+    if st.pid is not None:
+        who += f" (pid {st.pid})"
+    started = f", healthy after {st.startup_s:.1f} s" if st.startup_s else ""
+    table.add_row("engine", who + (started if healthy else ", [red]NOT HEALTHY[/]"))
+    table.add_row("url", st.endpoints.base_url)
+    if caps is not None:
+        table.add_row("model", ", ".join(caps.models) or "-")
+        cap = f"{caps.capacity_tokens:,} tokens" if caps.capacity_tokens else "unknown"
+        table.add_row("KV capacity", cap)
+        table.add_row("cached tokens", _yes(caps.cached_tokens))
+        family = f" ({caps.family})" if caps.family else ""
+        table.add_row("/metrics", _yes(caps.metrics) + family)
+        where = f" ({st.endpoints.kv_events})" if st.endpoints.kv_events else ""
+        table.add_row("KV events", _yes(caps.kv_events) + where)
+        for note in caps.notes:
+            table.add_row("note", note)
+    if st.log_path:
+        table.add_row("log", st.log_path)
+    if st.launch_command:
+        table.add_row("launch", st.launch_command)
+    console.print(table, soft_wrap=True)
+
+
+def main() -> None:
+    # SIGTERM unwinds like Ctrl-C, so that engines started in-process are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    app()
+
+
+if __name__ == "__main__":
+    main()

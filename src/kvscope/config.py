@@ -1,0 +1,102 @@
+"""Typed configuration, loaded from YAML and validated before any engine starts."""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvscope.errors import ConfigError
+
+EngineKind = Literal["vllm", "sglang", "attach"]
+EvictionPolicy = Literal["lru", "lfu", "slru", "priority", "tlru"]
+
+
+class EngineConfig(BaseModel):
+    """One inference engine, in kvscope's own terms; each engine file maps these to its flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: EngineKind = "vllm"
+    model: str | None = Field(
+        None, description="Model path or id; None = the engine's embedded default model."
+    )
+    served_model_name: str | None = None
+    url: str | None = Field(
+        None, description="Attach to an engine already running at this base URL (no launch)."
+    )
+    metrics_url: str | None = Field(None, description="Override of <url>/metrics.")
+    kv_events_endpoint: str | None = Field(
+        None, description="ZMQ endpoint of a running engine's KV events (attach only)."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    kv_events_port: int = Field(5557, ge=1, le=65535)
+    context_length: int = Field(2048, ge=256)
+    kv_capacity_tokens: int | None = Field(
+        None, ge=1, description="KV cache size in tokens: the cache-pressure knob."
+    )
+    prefix_cache: bool = True
+    eviction_policy: EvictionPolicy = "lru"
+    page_size: int | None = Field(None, ge=1)
+    hierarchical_cache: bool = False
+    kv_events: bool = True
+    request_log_level: int = Field(0, ge=0, le=3)
+    output_dir: Path | None = Field(
+        None, description="Where engine-side files (exports, request logs) go; None = state dir."
+    )
+    python: str | None = Field(
+        None, description="Interpreter that has the engine installed; None = kvscope's choice."
+    )
+    startup_timeout_s: float = Field(300.0, gt=0)
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineConfig":
+        if self.kind == "attach" and not self.url:
+            raise ValueError("engine kind 'attach' needs `url` (the running server's base URL)")
+        if self.kind == "vllm" and self.eviction_policy != "lru":
+            raise ValueError("vLLM's prefix cache evicts by LRU only: eviction_policy must be lru")
+        if self.kind == "vllm" and self.hierarchical_cache:
+            raise ValueError("hierarchical_cache is an SGLang feature (HiCache)")
+        if self.kv_events_port == self.port:
+            raise ValueError("kv_events_port must differ from port")
+        return self
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def parse_engine(data: dict[str, Any], source: str = "config") -> EngineConfig:
+    try:
+        return EngineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_one_line(err)}") from None
+
+
+def _one_line(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "engine"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def config_hash(model: BaseModel) -> str:
+    """Stable short hash of a configuration (field order independent)."""
+    text = json.dumps(model.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,0 +1,55 @@
+"""Start an engine, wait until it is healthy, and always stop it: also on Ctrl-C and errors."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from kvscope.engines.base import Endpoints, Engine, Launch
+from kvscope.engines.process import ServerProcess
+from kvscope.errors import EngineError
+
+
+@dataclass
+class RunningEngine:
+    engine: Engine
+    endpoints: Endpoints
+    launch: Launch | None  # None: attached to a server kvscope did not start
+    process: ServerProcess | None
+    startup_s: float | None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+def start(engine: Engine, log_path: Path, *, detached: bool = False) -> RunningEngine:
+    engine.preflight()
+    endpoints = engine.endpoints()
+    launch = engine.launch()
+    health = f"{endpoints.base_url}{engine.health_path}"
+    if launch is None:
+        try:
+            httpx.get(health, timeout=10).raise_for_status()
+        except httpx.HTTPError as err:
+            raise EngineError(f"cannot reach the engine at {health}: {err}") from None
+        return RunningEngine(engine, endpoints, None, None, None)
+    proc = ServerProcess(launch.argv, dict(launch.env), log_path, detached=detached)
+    proc.start()
+    try:
+        waited = proc.wait_healthy(health, engine.config.startup_timeout_s, engine.name)
+    except BaseException:
+        proc.stop()  # Ctrl-C during start-up too
+        raise
+    return RunningEngine(engine, endpoints, launch, proc, waited)
+
+
+@contextmanager
+def running(engine: Engine, log_path: Path) -> Iterator[RunningEngine]:
+    handle = start(engine, log_path)
+    try:
+        yield handle
+    finally:
+        handle.stop()

