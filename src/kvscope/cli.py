@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kvscope import environment
 from kvscope.config import EngineConfig, load_yaml, parse_engine
-from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, vllm
+from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, smoke, vllm
 from kvscope.engines import state as engine_state
 from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.engines.detect import detect, fetch_metrics, list_models
@@ -183,6 +183,71 @@ def engine_up(
     engine_state.save(st)
     engine_state.environment_file().write_text(json.dumps(env, indent=2))
     _show(engine, st, caps, healthy=True)
+
+
+@engine_app.command("check")
+@friendly
+def engine_check(
+    config: ConfigArg = None,
+    kind: KindOpt = None,
+    kv_capacity_tokens: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Smoke-check an engine end to end: the engine that is up, else a fresh one (then stopped).
+
+    Two requests share a ~1,000-token system prompt; shows the cached tokens each one
+    reported, the engine's own counters, and the KV cache events it published.
+    """
+    st = engine_state.load()
+    if st is not None and st.alive() and config is None and kind is None:
+        console.print(f"Checking the engine that is up ({st.kind}, {st.endpoints.base_url})")
+        _check(ENGINES[st.kind], st.endpoints)
+        return
+    cfg = engine_config(config, kind=kind, kv_capacity_tokens=kv_capacity_tokens)
+    engine = make_engine(cfg)
+    log = engine_state.log_file(engine.name)
+    with console.status(f"starting {engine.name} (log: {log}) ..."):
+        handle = start(engine, log)
+    try:
+        console.print(f"{engine.name} healthy after {handle.startup_s or 0:.1f} s")
+        _check(type(engine), handle.endpoints)
+    finally:
+        with console.status(f"stopping {engine.name} ..."):
+            handle.stop()
+    console.print(f"{engine.name} stopped")
+
+
+def _check(engine: type[Engine], endpoints: Endpoints) -> None:
+    with console.status("caps, two requests, counters, KV events ..."):
+        caps = detect(endpoints, METRIC_FAMILIES)
+        result = smoke.run(engine, endpoints)
+    table = Table(title=f"two calls sharing a system prompt ({result.model})")
+    for col in ("call", "prompt tokens", "cached tokens", "seconds"):
+        table.add_column(col, justify="right" if col != "call" else "left")
+    for i, call in enumerate(result.calls, 1):
+        cached = "null" if call.cached_tokens is None else str(call.cached_tokens)
+        table.add_row(
+            f"{i}. {call.question}", str(call.prompt_tokens), cached, f"{call.seconds:.2f}"
+        )
+    console.print(table)
+    hits = result.counter_delta("cached_tokens_total")
+    prompts = result.counter_delta("prompt_tokens_total")
+    console.print(
+        f"engine counters during the check: prompt tokens +{_num(prompts)}, "
+        f"cached tokens +{_num(hits)}"
+    )
+    events = ", ".join(f"{k} {v}" for k, v in sorted(result.events.items())) or "none"
+    console.print(f"KV events: {events} (via replay: {result.events_via_replay} batches)")
+    console.print(
+        f"capabilities: cached tokens {_yes(caps.cached_tokens)}, /metrics {_yes(caps.metrics)}, "
+        f"KV events {_yes(caps.kv_events)}, capacity {_num(caps.capacity_tokens)} tokens"
+    )
+    reused = result.calls[-1].cached_tokens
+    if not reused:
+        raise EngineError("the second call reused no cached tokens: prefix caching is not working")
+
+
+def _num(value: float | None) -> str:
+    return "null" if value is None else f"{value:,.0f}"
 
 
 @engine_app.command("down")

@@ -78,6 +78,8 @@ class Engine(ABC):
     name: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     metric_prefix: ClassVar[str] = ""
+    # kvscope counter name -> this engine's Prometheus sample name
+    counter_samples: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -114,6 +116,18 @@ class Engine(ABC):
     @classmethod
     def capacity_tokens(cls, families: Iterable[Metric]) -> int | None:
         return cls.runtime_facts(families).get("capacity_tokens")
+
+    @classmethod
+    def counters(cls, families: Iterable[Metric]) -> dict[str, float | None]:
+        """Engine counters in kvscope's names, summed over label sets; None = not exposed."""
+        totals: dict[str, float | None] = dict.fromkeys(cls.counter_samples)
+        wanted = {sample: name for name, sample in cls.counter_samples.items()}
+        for family in families:
+            for sample in family.samples:
+                name = wanted.get(sample.name)
+                if name is not None:
+                    totals[name] = (totals[name] or 0.0) + sample.value
+        return totals
 
     @classmethod
     def owns_metrics(cls, families: Iterable[Metric]) -> bool:

@@ -48,12 +48,19 @@ def list_models(client: httpx.Client, base_url: str) -> tuple[str, ...]:
         raise EngineError(f"no OpenAI-compatible server at {base_url} ({err})") from None
 
 
-def stream_usage(client: httpx.Client, base_url: str, model: str, prompt: str) -> dict | None:
+def stream_usage(
+    client: httpx.Client,
+    base_url: str,
+    model: str,
+    prompt: str | list[dict[str, str]],
+    max_tokens: int = 1,
+) -> dict | None:
     """Send one streamed chat request and return the usage of its final chunk."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 1,
+        "messages": messages,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -107,27 +114,33 @@ def decode_frames(frames: Sequence[bytes]) -> tuple[int, float, list]:
     return seq, float(batch[0]), batch[1]
 
 
-def wait_for_events(sock: zmq.Socket, timeout_s: float) -> list:
-    events: list = []
+Batch = tuple[int, float, list]  # (seq, ts, events)
+
+
+def receive(sock: zmq.Socket, timeout_s: float) -> list[Batch]:
+    """Batches until `timeout_s` passes, or 100 ms of quiet once something arrived."""
+    batches: list[Batch] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if sock.poll(100):
             try:
-                events.extend(decode_frames(sock.recv_multipart())[2])
+                batches.append(decode_frames(sock.recv_multipart()))
             except ValueError:
                 continue
-        elif events:
+        elif batches:
             break
-    return events
+    return batches
 
 
-def replay(
-    endpoint: str, start_seq: int = 0, timeout_s: float = 3.0
-) -> list[tuple[int, float, list]]:
+def wait_for_events(sock: zmq.Socket, timeout_s: float) -> list:
+    return [e for _, _, events in receive(sock, timeout_s) for e in events]
+
+
+def replay(endpoint: str, start_seq: int = 0, timeout_s: float = 3.0) -> list[Batch]:
     """Batches from seq `start_seq` on, from the engine's replay (ROUTER) socket."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    out = []
+    out: list[Batch] = []
     try:
         sock.connect(endpoint)
         sock.send_multipart([b"", start_seq.to_bytes(8, "big")])

@@ -46,6 +46,11 @@ def importable(python: str, module: str) -> bool:
 class SglangEngine(Engine):
     name: ClassVar[str] = "sglang"
     metric_prefix: ClassVar[str] = "sglang:"
+    counter_samples: ClassVar[dict[str, str]] = {
+        "prompt_tokens_total": "sglang:prompt_tokens_total",
+        "cached_tokens_total": "sglang:cached_tokens_total",
+        "generation_tokens_total": "sglang:generation_tokens_total",
+    }
 
     @property
     def python(self) -> str:

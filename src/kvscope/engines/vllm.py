@@ -43,6 +43,11 @@ def install(report: Report) -> tuple[Path, Path]:
 class VllmEngine(Engine):
     name: ClassVar[str] = "vllm"
     metric_prefix: ClassVar[str] = "vllm:"
+    counter_samples: ClassVar[dict[str, str]] = {
+        "prompt_tokens_total": "vllm:prompt_tokens_total",
+        "cached_tokens_total": "vllm:prompt_tokens_cached_total",
+        "generation_tokens_total": "vllm:generation_tokens_total",
+    }
 
     @property
     def python(self) -> Path:
