@@ -1,0 +1,161 @@
+"""The real embedded engine (vLLM CPU + SmolLM2), started once for this module via the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from helpers import free_port
+
+from kvscope.engines.detect import fetch_metrics, kv_subscriber, receive, replay
+from kvscope.engines.process import group_members, port_free
+from kvscope.engines.vllm import VllmEngine
+
+pytestmark = pytest.mark.engine
+KVSCOPE = [sys.executable, "-m", "kvscope.cli"]
+CAPACITY = 8192
+SHARED = "\n".join(f"Shared rule {i}: entry {i * 13 % 41} must balance." for i in range(90))
+
+
+@dataclass
+class Up:
+    env: dict[str, str]
+    state: dict[str, Any]
+    state_dir: Path
+
+    @property
+    def base(self) -> str:
+        return self.state["endpoints"]["base_url"]
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*KVSCOPE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    state_dir = tmp_path_factory.mktemp("state")
+    env = {**os.environ, "KVSCOPE_STATE_DIR": str(state_dir), "COLUMNS": "200"}
+    port, kv = free_port(), free_port(2)
+    handle = Up(env, {}, state_dir)
+    t0 = time.monotonic()
+    result = handle.cli(
+        "engine", "up", "--port", str(port), "--kv-events-port", str(kv),
+        "--kv-capacity-tokens", str(CAPACITY), timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, f"engine up failed:\n{result.stdout}\n{result.stderr}"
+    print(f"engine up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    handle.state = json.loads((state_dir / "engine.json").read_text())
+    yield handle
+    handle.cli("engine", "down")  # no-op when the last test already stopped it
+
+
+def chat(base: str, system: str, question: str, **extra: Any) -> dict[str, Any]:
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
+    resp = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
+    resp.raise_for_status()
+    return resp.json()["usage"]
+
+
+def test_status_shows_model_capacity_and_capabilities(up: Up) -> None:
+    result = up.cli("engine", "status", "--json")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["healthy"] is True
+    caps = status["capabilities"]
+    assert caps["models"] == ["smollm2"]
+    assert caps["capacity_tokens"] == CAPACITY
+    assert caps["cached_tokens"] is True
+    assert caps["metrics"] is True
+    assert caps["kv_events"] is True
+    assert caps["family"] == "vllm"
+    env = json.loads((up.state_dir / "environment.json").read_text())
+    assert env["engine"]["version"] == "0.32.0"
+    assert "--enable-prefix-caching" in env["engine"]["argv"]
+    model = env["model"]
+    assert model["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert model["chat_template_sha256"] and model["tokenizer_sha256"]
+    assert model["kv_cache_dtype"] == "auto" and model["dtype"] == "bfloat16"
+    assert model["context_length"] == 2048
+
+
+def test_shared_system_prompt_is_reused_and_counted(up: Up) -> None:
+    system = f"[{uuid.uuid4()}]\n{SHARED}"  # fresh head: the first call is cold
+    metrics_url = up.state["endpoints"]["metrics_url"]
+    with httpx.Client() as client:
+        before = VllmEngine.counters(fetch_metrics(client, metrics_url) or [])
+        first = chat(up.base, system, "Which entry is largest?")
+        second = chat(up.base, system, "Name one rule.")
+        after = VllmEngine.counters(fetch_metrics(client, metrics_url) or [])
+    assert first["prompt_tokens"] > 1000
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
+    assert cached % 128 == 0  # vLLM reuses whole blocks
+    assert second["prompt_tokens"] - cached < 128 + 20  # all of the shared prefix's full blocks
+    # The engine's own counters moved by exactly what the two responses reported.
+    delta = {k: after[k] - before[k] for k in ("prompt_tokens_total", "cached_tokens_total")}
+    assert delta["cached_tokens_total"] == cached
+    assert delta["prompt_tokens_total"] == first["prompt_tokens"] + second["prompt_tokens"]
+
+
+def test_kv_events_arrive_on_the_zmq_socket(up: Up) -> None:
+    ep = up.state["endpoints"]
+    started = time.time()
+    with kv_subscriber(ep["kv_events"], ep["kv_events_subscriber_binds"]) as sock:
+        time.sleep(0.5)
+        # A publisher may drop its first batch after a subscriber joins; the second one is live.
+        chat(up.base, f"[{uuid.uuid4()}] {SHARED}", "Hi.", session_id="warmup")
+        usage = chat(up.base, f"[{uuid.uuid4()}] {SHARED}", "Hi.", session_id="planner")
+        live = receive(sock, 5.0)
+    stored = [e for _, _, ev in live for e in ev if e.get("type") == "BlockStored"]
+    mine = [e for e in stored if e.get("session_id") == "planner"]
+    assert mine, f"no live BlockStored for the planner request; got {stored}"
+    blocks = sum(len(e["block_hashes"]) for e in mine)
+    assert all(e["block_size"] == 128 for e in mine)
+    assert sum(len(e["token_ids"]) for e in mine) == blocks * 128
+    assert blocks == usage["prompt_tokens"] // 128  # every full block of the prompt was stored
+    # Everything published is also in the replay buffer, with gap-free sequence numbers.
+    batches = replay(ep["kv_events_replay"])
+    seqs = [seq for seq, _, _ in batches]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    recent = [e for _, ts, ev in batches if ts >= started - 1 for e in ev]
+    assert any(e.get("session_id") == "warmup" for e in recent)
+
+
+def test_engine_check_command(up: Up) -> None:
+    result = up.cli("engine", "check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "cached tokens" in result.stdout
+    assert "BlockStored" in result.stdout
+
+
+def test_down_leaves_nothing_running(up: Up) -> None:
+    pid = up.state["pid"]
+    family = [pid, *up.state["descendants"]]
+    assert all(psutil.pid_exists(p) for p in family)
+    result = up.cli("engine", "down")
+    assert result.returncode == 0, result.stderr
+    assert "no process of it is left" in result.stdout
+    assert group_members(pid) == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in family)
+    port = int(up.base.rsplit(":", 1)[1])
+    assert port_free("127.0.0.1", port)
+    assert not (up.state_dir / "engine.json").exists()
+    assert up.cli("engine", "status").returncode == 1

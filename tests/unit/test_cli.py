@@ -1,0 +1,87 @@
+"""CLI behaviour that needs no engine: clear one-line errors, status and down without one."""
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+from typer.testing import CliRunner
+
+from kvscope.cli import app
+
+runner = CliRunner()
+
+
+def one_error_line(result: object) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_missing_engine(isolated_dirs: Path) -> None:
+    line = one_error_line(runner.invoke(app, ["engine", "up"]))
+    assert "not installed" in line and "kvscope engine install" in line
+
+
+def test_bad_model_path(isolated_dirs: Path) -> None:
+    cfg = isolated_dirs / "engine.yaml"
+    cfg.write_text(f"engine:\n  python: {sys.executable}\n  model: /no/such/model\n")
+    line = one_error_line(runner.invoke(app, ["engine", "up", str(cfg)]))
+    assert "/no/such/model" in line
+
+
+def test_occupied_port(isolated_dirs: Path) -> None:
+    model = isolated_dirs / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    port = free_port()
+    cfg = isolated_dirs / "engine.yaml"
+    cfg.write_text(f"python: {sys.executable}\nmodel: {model}\nport: {port}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        line = one_error_line(runner.invoke(app, ["engine", "up", str(cfg)]))
+    assert f"port {port}" in line and "already in use" in line
+
+
+def test_config_error_before_anything_starts(isolated_dirs: Path) -> None:
+    cfg = isolated_dirs / "engine.yaml"
+    cfg.write_text("engine:\n  kind: vllm\n  kv_capacity_tokens: -5\n")
+    line = one_error_line(runner.invoke(app, ["engine", "up", str(cfg)]))
+    assert "kv_capacity_tokens" in line
+
+
+def test_attach_to_nothing(isolated_dirs: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    line = one_error_line(runner.invoke(app, ["engine", "up", "--url", url]))
+    assert "cannot reach" in line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="no nvidia-smi expected")
+def test_sglang_without_gpu_or_package(isolated_dirs: Path) -> None:
+    line = one_error_line(runner.invoke(app, ["engine", "up", "-e", "sglang"]))
+    assert "SGLang" in line
+
+
+def test_status_and_down_without_an_engine(isolated_dirs: Path) -> None:
+    status = runner.invoke(app, ["engine", "status"])
+    assert status.exit_code == 1
+    assert "no engine is up" in status.output
+    down = runner.invoke(app, ["engine", "down"])
+    assert down.exit_code == 0
+    assert "no engine is up" in down.output
+
+
+def test_command_prints_the_sglang_launch(isolated_dirs: Path) -> None:
+    result = runner.invoke(
+        app, ["engine", "command", "-e", "sglang", "--kv-capacity-tokens", "8192"]
+    )
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "sglang.launch_server" in text
+    assert "--max-total-tokens 8192" in text
+    assert "--enable-cache-report" in text
