@@ -235,8 +235,12 @@ def _check(engine: type[Engine], endpoints: Endpoints) -> None:
         f"engine counters during the check: prompt tokens +{_num(prompts)}, "
         f"cached tokens +{_num(hits)}"
     )
-    events = ", ".join(f"{k} {v}" for k, v in sorted(result.events.items())) or "none"
-    console.print(f"KV events: {events} (via replay: {result.events_via_replay} batches)")
+    events = ", ".join(
+        f"{kind} x{n} ({result.blocks.get(kind, 0)} blocks)"
+        for kind, n in sorted(result.events.items())
+    )
+    replayed = f"; {result.events_via_replay} batch(es) recovered from replay"
+    console.print(f"KV events: {events or 'none'}{replayed if result.events_via_replay else ''}")
     console.print(
         f"capabilities: cached tokens {_yes(caps.cached_tokens)}, /metrics {_yes(caps.metrics)}, "
         f"KV events {_yes(caps.kv_events)}, capacity {_num(caps.capacity_tokens)} tokens"

@@ -46,6 +46,7 @@ class SmokeResult:
     counters_before: dict[str, float | None]
     counters_after: dict[str, float | None]
     events: dict[str, int]  # KV event type -> count, for batches published during the check
+    blocks: dict[str, int]  # KV event type -> blocks it names
     events_via_replay: int  # batches that came only through the replay socket
 
     def counter_delta(self, name: str) -> float | None:
@@ -88,8 +89,12 @@ def run(engine: type[Engine], endpoints: Endpoints, nonce: str | None = None) ->
             via_replay = len(missed)
             batches += missed
         after = engine.counters(fetch_metrics(client, endpoints.metrics_url) or [])
-    types = Counter(e.get("type", "?") for _, _, ev in batches for e in ev if isinstance(e, dict))
-    return SmokeResult(model, tuple(calls), before, after, dict(types), via_replay)
+    events = [e for _, _, ev in batches for e in ev if isinstance(e, dict)]
+    types = Counter(e.get("type", "?") for e in events)
+    blocks: Counter[str] = Counter()
+    for e in events:
+        blocks[e.get("type", "?")] += len(e.get("block_hashes") or ())
+    return SmokeResult(model, tuple(calls), before, after, dict(types), dict(blocks), via_replay)
 
 
 def _call(question: str, usage: dict[str, Any] | None, seconds: float) -> Call:
