@@ -32,9 +32,7 @@ def prompt(agent: str, n: int) -> list[dict[str, str]]:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    cfg = EngineConfig(
-        port=8123, kv_events_port=5623, context_length=1024, kv_capacity_tokens=2048
-    )
+    cfg = EngineConfig(port=8123, kv_events_port=5623, context_length=1024, kv_capacity_tokens=2048)
     with running(make_engine(cfg), OUT / "engine.log") as handle:
         ep = handle.endpoints
         base = ep.base_url

@@ -40,6 +40,9 @@ class EngineConfig(BaseModel):
     )
     prefix_cache: bool = True
     eviction_policy: EvictionPolicy = "lru"
+    eviction_policy_config: dict[str, int | float] | None = Field(
+        None, description="Policy parameters, e.g. tlru: {threshold, next_prompt_estimate}."
+    )
     page_size: int | None = Field(None, ge=1)
     hierarchical_cache: bool = False
     kv_events: bool = True
@@ -62,6 +65,15 @@ class EngineConfig(BaseModel):
             raise ValueError("vLLM's prefix cache evicts by LRU only: eviction_policy must be lru")
         if self.kind == "vllm" and self.hierarchical_cache:
             raise ValueError("hierarchical_cache is an SGLang feature (HiCache)")
+        if self.hierarchical_cache and not self.prefix_cache:
+            raise ValueError("hierarchical_cache needs prefix_cache (SGLang refuses the pair)")
+        if self.eviction_policy == "tlru":
+            tlru = self.eviction_policy_config or {}
+            if not tlru.get("threshold", 0) > tlru.get("next_prompt_estimate", 0):
+                raise ValueError(
+                    "eviction_policy tlru needs eviction_policy_config with threshold > "
+                    "next_prompt_estimate (tokens): {threshold: 4096, next_prompt_estimate: 512}"
+                )
         if self.kv_events_port == self.port:
             raise ValueError("kv_events_port must differ from port")
         return self

@@ -23,6 +23,16 @@ def test_defaults_are_the_embedded_engine() -> None:
         ({"kind": "tgi"}, "kind"),
         ({"bogus": 1}, "bogus"),
         ({"kv_capacity_tokens": 0}, "kv_capacity_tokens"),
+        ({"kind": "sglang", "hierarchical_cache": True, "prefix_cache": False}, "needs prefix"),
+        ({"kind": "sglang", "eviction_policy": "tlru"}, "threshold > next_prompt_estimate"),
+        (
+            {
+                "kind": "sglang",
+                "eviction_policy": "tlru",
+                "eviction_policy_config": {"threshold": 10, "next_prompt_estimate": 10},
+            },
+            "threshold > next_prompt_estimate",
+        ),
     ],
 )
 def test_invalid_configs_give_one_line(data: dict, fragment: str) -> None:

@@ -104,6 +104,9 @@ class SglangEngine(Engine):
             "--tokenizer-metrics-allowed-custom-labels", AGENT_LABEL,
             "--radix-eviction-policy", c.eviction_policy,
         ]  # fmt: skip
+        if c.eviction_policy_config:
+            policy = json.dumps(c.eviction_policy_config, separators=(",", ":"))
+            argv += ["--radix-eviction-policy-config", policy]
         if c.served_model_name:
             argv += ["--served-model-name", c.served_model_name]
         if not c.prefix_cache:
