@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 import venv
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,10 +65,6 @@ def ensure_venv(
         run_logged([*pip, "uninstall", "-y", *remove], log, "pip uninstall", report)
     (root / MARKER).write_text(json.dumps(spec))
     return venv_python(root)
-
-
-def current_python() -> str:
-    return sys.executable
 
 
 def dist_versions(root: Path, names: Sequence[str]) -> dict[str, str | None]:

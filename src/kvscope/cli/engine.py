@@ -1,20 +1,16 @@
-"""The `kvscope` command line."""
+"""`kvscope engine ...`: install, start, stop, inspect and smoke-check the inference engine."""
 
-import functools
 import json
-import signal
-import sys
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kvscope import environment
+from kvscope.cli.common import Progress, console, friendly
 from kvscope.config import EngineConfig, load_yaml, parse_engine
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, smoke, vllm
 from kvscope.engines import state as engine_state
@@ -22,55 +18,9 @@ from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.engines.detect import detect, fetch_metrics, list_models
 from kvscope.engines.process import group_members, stop_group
 from kvscope.engines.runtime import start
-from kvscope.errors import EngineError, KvscopeError
+from kvscope.errors import EngineError
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
-engine_app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
-app.add_typer(engine_app, name="engine")
-console = Console()
-err_console = Console(stderr=True)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def friendly(fn: Callable[P, R]) -> Callable[P, R]:
-    """Report a KvscopeError as one `error:` line (plus an engine log tail) and exit 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except KvscopeError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-class Progress:
-    """Step lines on a terminal spinner; in CI (no TTY) one line per step, not per pip line."""
-
-    def __init__(self) -> None:
-        self._status = console.status("") if console.is_terminal else None
-        self._last_step = ""
-
-    def __enter__(self) -> "Progress":
-        if self._status:
-            self._status.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._status:
-            self._status.__exit__(None, None, None)
-
-    def __call__(self, message: str) -> None:
-        step = message.split(":", 1)[0]
-        if self._status:
-            self._status.update(message)
-        if step != self._last_step:
-            console.print(f"  {step}", highlight=False)
-            self._last_step = step
+app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
 
 
 KindOpt = Annotated[
@@ -103,7 +53,7 @@ def engine_config(
     return parse_engine(data, source)
 
 
-@engine_app.command("install")
+@app.command("install")
 @friendly
 def engine_install() -> None:
     """Install the embedded engine (vLLM CPU, own venv) and its model; quick when done before."""
@@ -113,7 +63,7 @@ def engine_install() -> None:
     console.print(f"[green]ready[/]: engine {python}\n       model  {model_dir}")
 
 
-@engine_app.command("command")
+@app.command("command")
 @friendly
 def engine_command(
     config: ConfigArg = None,
@@ -129,7 +79,7 @@ def engine_command(
     console.print(launch.shell(), highlight=False, soft_wrap=True)
 
 
-@engine_app.command("up")
+@app.command("up")
 @friendly
 def engine_up(
     config: ConfigArg = None,
@@ -185,7 +135,7 @@ def engine_up(
     _show(engine, st, caps, healthy=True)
 
 
-@engine_app.command("check")
+@app.command("check")
 @friendly
 def engine_check(
     config: ConfigArg = None,
@@ -254,7 +204,7 @@ def _num(value: float | None) -> str:
     return "null" if value is None else f"{value:,.0f}"
 
 
-@engine_app.command("down")
+@app.command("down")
 @friendly
 def engine_down() -> None:
     """Stop the engine started by `engine up`; nothing of it keeps running."""
@@ -275,7 +225,7 @@ def engine_down() -> None:
     console.print(f"stopped {st.kind} (pid {st.pid}); no process of it is left")
 
 
-@engine_app.command("status")
+@app.command("status")
 @friendly
 def engine_status(
     url: Annotated[str | None, typer.Option(help="Inspect a server kvscope did not start.")] = None,
@@ -386,13 +336,3 @@ def _show(
     if st.launch_command:
         table.add_row("launch", st.launch_command)
     console.print(table, soft_wrap=True)
-
-
-def main() -> None:
-    # SIGTERM unwinds like Ctrl-C, so that engines started in-process are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from kvscope.cli import main
+
+main()
