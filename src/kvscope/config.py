@@ -79,6 +79,66 @@ class EngineConfig(BaseModel):
         return self
 
 
+Layout = Literal["shared-first", "role-first"]
+
+
+class SyntheticConfig(BaseModel):
+    """KVFlow-style microbenchmark prompts: token lengths controlled exactly."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fixed_tokens: int = Field(512, ge=16, description="Per-agent fixed prompt (role + examples).")
+    dynamic_tokens: int = Field(32, ge=1, description="Per-call dynamic suffix.")
+    output_tokens: int = Field(32, ge=1)
+
+
+class WorkloadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workflow: Literal["peer"] = "peer"
+    mode: Literal["tasks", "synthetic"] = "tasks"
+    workflows: int = Field(4, ge=1, description="How many workflow runs (one thread each).")
+    concurrency: int = Field(2, ge=1, description="Workflows in flight at once.")
+    loop: Literal["fixed", "model"] = Field(
+        "fixed", description="fixed: `cycles` PEER cycles; model: the Reviewer decides."
+    )
+    cycles: int = Field(2, ge=1)
+    max_cycles: int = Field(3, ge=1, description="Bound of the model-decided loop.")
+    layout: Layout = "shared-first"
+    max_tokens: int = Field(48, ge=1, description="Output tokens per agent call (tasks mode).")
+    tool: bool = Field(True, description="The Executor calls a local tool.")
+    seed: int = 0
+    synthetic: SyntheticConfig = SyntheticConfig()
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None = a local SQLite store under runs_dir."
+    )
+    experiment: str = "agent-specific-kv-cache-profiling"
+    traces: bool = True
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "demo"
+    engine: EngineConfig = EngineConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    runs_dir: Path = Path("runs")
+
+
+def parse_experiment(data: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_one_line(err)}") from None
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())

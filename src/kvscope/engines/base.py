@@ -97,6 +97,12 @@ class Engine(ABC):
     def launch(self) -> Launch | None:
         """The command to start the engine, or None when kvscope attaches to a running one."""
 
+    def request_tags(
+        self, request_uuid: str, agent_id: str
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """(extra body fields, extra headers) that carry kvscope's ids into the engine."""
+        return {}, {}
+
     def preflight(self) -> None:
         """Raise one clear error for anything that would make the launch fail (before it)."""
 

@@ -130,6 +130,14 @@ class SglangEngine(Engine):
         argv += list(c.extra_args)
         return Launch(tuple(argv), tuple(c.env.items()))
 
+    def request_tags(
+        self, request_uuid: str, agent_id: str
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        # rid is echoed as the response id and joins the export file and request logs;
+        # session_id reaches BlockStored events. Never extra_key/cache_salt: they split the tree.
+        labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
+        return {"rid": request_uuid, "session_id": agent_id}, {LABEL_HEADER: labels}
+
     def preflight(self) -> None:
         c = self.config
         if c.url:

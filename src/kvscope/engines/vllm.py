@@ -122,6 +122,12 @@ class VllmEngine(Engine):
         }
         return Launch(tuple(argv), tuple(env.items()))
 
+    def request_tags(
+        self, request_uuid: str, agent_id: str
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        # request_id becomes the response id ("chatcmpl-<id>"); session_id reaches BlockStored.
+        return {"request_id": request_uuid, "session_id": agent_id}, {}
+
     def preflight(self) -> None:
         c = self.config
         if not self.python.exists():

@@ -1,0 +1,98 @@
+"""The canonical request table: one row per LLM invocation, failed ones included.
+
+Columns follow the design note's "Canonical request schema"; a value that was not measured is
+None (null in Parquet), never 0. `sglang_response_id` keeps the design note's name: it is the
+engine's response id (on SGLang it equals the rid kvscope sent).
+"""
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, get_args
+
+import pyarrow as pa
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    # experiment
+    benchmark_run_id: str
+    experiment_name: str
+    configuration_hash: str
+    timestamp: str  # ISO 8601 UTC of request submission
+    # workflow
+    thread_id: str
+    workflow_run_id: str
+    workflow_type: str
+    workflow_concurrency: int
+    turn_id: int
+    # agent
+    agent_id: str
+    previous_agent_id: str | None
+    graph_node: str
+    request_uuid: str
+    # request
+    model_name: str
+    sglang_response_id: str | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    # cache
+    cached_tokens: int | None
+    new_prefill_tokens: int | None
+    reported_cache_hit_ratio: float | None
+    # timing (ms)
+    queue_ms: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    prefill_ms: float | None
+    decode_ms: float | None
+    e2e_ms: float | None
+    tool_ms: float | None  # the agent's tool time before this call (Executor), else None
+    # server state (Level 2)
+    cache_used_tokens_before: int | None
+    cache_used_tokens_after: int | None
+    running_requests: int | None
+    queued_requests: int | None
+    # prompt
+    prompt_template_version: str | None
+    chat_template_name: str | None
+    prompt_hash: str | None
+    token_id_hash: str | None
+    prompt_layout: str | None
+    # result
+    status: str
+    error_type: str | None
+    error_message: str | None
+    finish_reason: str | None
+    # raw clocks (ns since epoch) for joins with server-side series
+    start_ns: int
+    end_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def derived_cache(
+    prompt_tokens: int | None, cached_tokens: int | None
+) -> tuple[int | None, float | None]:
+    """(new_prefill_tokens, reported_cache_hit_ratio) as the design note defines them."""
+    if prompt_tokens is None or cached_tokens is None:
+        return None, None
+    new_prefill = max(prompt_tokens - cached_tokens, 0)
+    ratio = cached_tokens / prompt_tokens if prompt_tokens else None
+    return new_prefill, ratio
+
+
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+
+
+def _field(name: str, tp: Any) -> pa.Field:
+    args = get_args(tp)
+    base = next(a for a in args if a is not type(None)) if args else tp
+    return pa.field(name, _ARROW[base], nullable=type(None) in args)
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+ARROW_SCHEMA = pa.schema([_field(f.name, f.type) for f in fields(RequestRecord)])
