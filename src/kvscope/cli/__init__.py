@@ -6,9 +6,13 @@ import sys
 import typer
 
 from kvscope.cli import engine
+from kvscope.cli import run as run_commands
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
 app.add_typer(engine.app, name="engine")
+app.command("run")(run_commands.run)
+app.command("convert")(run_commands.convert)
+app.command("ui")(run_commands.ui)
 
 
 def main() -> None:

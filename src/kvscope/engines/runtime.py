@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 
+from kvscope.engines import state
 from kvscope.engines.base import Endpoints, Engine, Launch
 from kvscope.engines.process import ServerProcess
 from kvscope.errors import EngineError
@@ -17,8 +18,9 @@ class RunningEngine:
     engine: Engine
     endpoints: Endpoints
     launch: Launch | None  # None: attached to a server kvscope did not start
-    process: ServerProcess | None
+    process: ServerProcess | None  # None: attached, or reused from `kvscope engine up`
     startup_s: float | None
+    reused_pid: int | None = None
 
     def stop(self) -> None:
         if self.process is not None:
@@ -46,9 +48,24 @@ def start(engine: Engine, log_path: Path, *, detached: bool = False) -> RunningE
     return RunningEngine(engine, endpoints, launch, proc, waited)
 
 
+def reusable(engine: Engine) -> RunningEngine | None:
+    """The engine `kvscope engine up` left running, if its configuration is this one."""
+    st = state.load()
+    if st is None or not st.alive():
+        return None
+    mine = engine.config.model_dump(mode="json", exclude={"startup_timeout_s"})
+    theirs = {k: v for k, v in st.config.items() if k != "startup_timeout_s"}
+    if st.kind != engine.name or mine != theirs:
+        return None
+    return RunningEngine(engine, st.endpoints, engine.launch(), None, None, reused_pid=st.pid)
+
+
 @contextmanager
-def running(engine: Engine, log_path: Path) -> Iterator[RunningEngine]:
-    handle = start(engine, log_path)
+def running(engine: Engine, log_path: Path, *, reuse: bool = True) -> Iterator[RunningEngine]:
+    """A healthy engine for the duration of the block; stopped after it unless reused."""
+    handle = reusable(engine) if reuse else None
+    if handle is None:
+        handle = start(engine, log_path)
     try:
         yield handle
     finally:

@@ -1,63 +1,19 @@
-"""The real embedded engine (vLLM CPU + SmolLM2), started once for this module via the CLI."""
+"""The real embedded engine (vLLM CPU + SmolLM2), started once per session by `engine up`."""
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
-from helpers import free_port
+from helpers import CAPACITY, Up
 
 from kvscope.engines.detect import fetch_metrics, kv_subscriber, receive, replay
-from kvscope.engines.process import group_members, port_free
 from kvscope.engines.vllm import VllmEngine
 
 pytestmark = pytest.mark.engine
-KVSCOPE = [sys.executable, "-m", "kvscope.cli"]
-CAPACITY = 8192
 SHARED = "\n".join(f"Shared rule {i}: entry {i * 13 % 41} must balance." for i in range(90))
-
-
-@dataclass
-class Up:
-    env: dict[str, str]
-    state: dict[str, Any]
-    state_dir: Path
-
-    @property
-    def base(self) -> str:
-        return self.state["endpoints"]["base_url"]
-
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*KVSCOPE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    state_dir = tmp_path_factory.mktemp("state")
-    env = {**os.environ, "KVSCOPE_STATE_DIR": str(state_dir), "COLUMNS": "200"}
-    port, kv = free_port(), free_port(2)
-    handle = Up(env, {}, state_dir)
-    t0 = time.monotonic()
-    result = handle.cli(
-        "engine", "up", "--port", str(port), "--kv-events-port", str(kv),
-        "--kv-capacity-tokens", str(CAPACITY), timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, f"engine up failed:\n{result.stdout}\n{result.stderr}"
-    print(f"engine up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-    handle.state = json.loads((state_dir / "engine.json").read_text())
-    yield handle
-    handle.cli("engine", "down")  # no-op when the last test already stopped it
 
 
 def chat(base: str, system: str, question: str, **extra: Any) -> dict[str, Any]:
@@ -144,18 +100,3 @@ def test_engine_check_command(up: Up) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cached tokens" in result.stdout
     assert "BlockStored" in result.stdout
-
-
-def test_down_leaves_nothing_running(up: Up) -> None:
-    pid = up.state["pid"]
-    family = [pid, *up.state["descendants"]]
-    assert all(psutil.pid_exists(p) for p in family)
-    result = up.cli("engine", "down")
-    assert result.returncode == 0, result.stderr
-    assert "no process of it is left" in result.stdout
-    assert group_members(pid) == []
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in family)
-    port = int(up.base.rsplit(":", 1)[1])
-    assert port_free("127.0.0.1", port)
-    assert not (up.state_dir / "engine.json").exists()
-    assert up.cli("engine", "status").returncode == 1

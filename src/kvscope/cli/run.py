@@ -1,0 +1,151 @@
+"""`kvscope run`, `convert` and `ui`: profile workflows, keep and browse the results."""
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvscope import store
+from kvscope.analysis.agents import AgentSummary
+from kvscope.cli.common import console, friendly
+from kvscope.config import ExperimentConfig, load_yaml, parse_experiment
+
+if TYPE_CHECKING:
+    from kvscope.experiment import RunOutcome
+
+
+def load_experiment(path: Path | None, **overrides: Any) -> ExperimentConfig:
+    data = load_yaml(path) if path is not None else {}
+    workload = dict(data.get("workload") or {})
+    for key in ("workflows", "concurrency"):
+        if overrides.get(key) is not None:
+            workload[key] = overrides[key]
+    if workload:
+        data["workload"] = workload
+    if overrides.get("runs_dir") is not None:
+        data["runs_dir"] = str(overrides["runs_dir"])
+    if overrides.get("tracking_uri") is not None:
+        data["tracking"] = {
+            **(data.get("tracking") or {}),
+            "tracking_uri": overrides["tracking_uri"],
+        }
+    return parse_experiment(data, str(path) if path else "defaults")
+
+
+@friendly
+def run(
+    config: Annotated[
+        Path | None, typer.Argument(help="Experiment YAML; none = the demo on the embedded engine.")
+    ] = None,
+    workflows: Annotated[int | None, typer.Option(help="Override workload.workflows.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Override workload.concurrency.")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="Where run directories go.")] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (default: SQLite under runs dir).")
+    ] = None,
+) -> None:
+    """Run PEER workflows on the engine and show, per agent, how the KV cache served them."""
+    from kvscope.experiment import Hooks, run_experiment  # MLflow and LangGraph load slowly
+
+    cfg = load_experiment(config, workflows=workflows, concurrency=concurrency,
+                          runs_dir=runs_dir, tracking_uri=tracking_uri)  # fmt: skip
+    w = cfg.workload
+    console.print(
+        f"[bold]{cfg.name}[/]: {w.workflows} PEER workflows ({w.mode}, {w.layout}), "
+        f"concurrency {w.concurrency}, "
+        + (f"{w.cycles} cycles" if w.loop == "fixed" else f"Reviewer decides, <= {w.max_cycles}")
+        + f", engine {cfg.engine.kind}"
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("starting", total=w.workflows, calls=0)
+        calls = 0
+
+        def on_call() -> None:
+            nonlocal calls
+            calls += 1
+            bar.update(task, calls=calls)
+
+        hooks = Hooks(
+            on_stage=lambda stage: bar.update(task, description=stage),
+            on_call=on_call,
+            on_workflow_done=lambda: bar.advance(task),
+        )
+        outcome = run_experiment(cfg, hooks)
+        bar.update(task, description="done")
+    show(outcome)
+
+
+def show(outcome: "RunOutcome") -> None:
+    table = Table(title=f"per agent ({outcome.benchmark_run_id})", title_justify="left")
+    heads = ("agent", "calls", "prompt p50", "cached", "new prefill", "hit ratio",
+             "recompute", "TTFT p50", "TPOT p50", "e2e p50")  # fmt: skip
+    for i, head in enumerate(heads):
+        table.add_column(head, justify="left" if i == 0 else "right")
+    for s in [*outcome.agents, outcome.total]:
+        table.add_row(*_cells(s), style="bold" if s.agent_id == "all" else None)
+    console.print(table)
+    failed = sum(1 for w in outcome.workflows if not w.ok)
+    console.print(
+        f"{outcome.rows} LLM calls in {len(outcome.workflows)} workflows"
+        + (f" ({failed} ended by a failed call)" if failed else "")
+        + (
+            f"; {outcome.skipped_lines} unreadable JSONL lines skipped"
+            if outcome.skipped_lines
+            else ""
+        )
+    )
+    console.print(f"run directory: {outcome.run_dir}")
+    if outcome.mlflow_run_id:
+        console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
+    if outcome.audit is not None:
+        a = outcome.audit
+        color = "red" if a.dropped else "green"
+        console.print(f"traces: [{color}]{a.written} written of {a.expected} workflows[/]"
+                      + (f", {a.dropped} DROPPED" if a.dropped else ""))  # fmt: skip
+    if outcome.error:
+        console.print(f"[red]the run stopped early: {outcome.error}[/] (what was measured is kept)")
+    console.print("browse: kvscope ui" + ("" if outcome.run_dir.parent.name == "runs" else
+                  f" --runs-dir {outcome.run_dir.parent}"))  # fmt: skip
+
+
+def _cells(s: AgentSummary) -> list[str]:
+    def num(v: float | None, fmt: str = ",.0f") -> str:
+        return "null" if v is None else format(v, fmt)
+
+    ratio = "null" if s.weighted_hit_ratio is None else f"{s.weighted_hit_ratio:.1%}"
+    calls = f"{s.calls}" + (f" ({s.failed} failed)" if s.failed else "")
+    return [s.agent_id, calls, num(s.prompt_tokens_p50), num(s.cached_tokens),
+            num(s.new_prefill_tokens), ratio, num(s.new_prefill_tokens),
+            num(s.ttft_p50_ms, ",.0f") + " ms", num(s.tpot_p50_ms, ",.1f") + " ms",
+            num(s.e2e_p50_ms, ",.0f") + " ms"]  # fmt: skip
+
+
+@friendly
+def convert(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Turn a run's requests.jsonl (e.g. of a crashed run) into requests.parquet."""
+    path, rows, skipped = store.convert(run_dir)
+    note = f" ({skipped} unreadable line(s) skipped: a write cut short)" if skipped else ""
+    console.print(f"{rows} rows -> {path}{note}")
+
+
+@friendly
+def ui(
+    runs_dir: Annotated[Path, typer.Option(help="The runs directory of the local store.")] = Path(
+        "runs"
+    ),
+    port: Annotated[int, typer.Option()] = 5000,
+) -> None:
+    """Open the MLflow UI on the local store (Ctrl-C to stop)."""
+    from kvscope.probe.tracing import TrackingRun
+
+    argv, env = TrackingRun.ui_command(runs_dir.resolve(), port)
+    console.print(f"MLflow UI on http://127.0.0.1:{port} (store: {runs_dir.resolve()})")
+    with contextlib.suppress(KeyboardInterrupt):
+        subprocess.run(argv, env={**os.environ, **env}, check=False)

@@ -1,0 +1,250 @@
+"""One configuration, end to end: engine -> workload -> request table -> MLflow run.
+
+What was measured is kept whatever happens: rows are on disk as each call ends, and the
+Parquet table, the summary and the MLflow run are written also after a failure or Ctrl-C.
+"""
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvscope import environment, store
+from kvscope.analysis.agents import AgentSummary, overall, per_agent
+from kvscope.config import ExperimentConfig, config_hash
+from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
+from kvscope.engines.detect import detect, fetch_metrics
+from kvscope.engines.runtime import running
+from kvscope.errors import ConfigError
+from kvscope.probe.client import Probe, RunInfo
+from kvscope.probe.runtime import ProfiledRuntime
+from kvscope.probe.tracing import TraceAudit, Tracer, TrackingRun
+from kvscope.workload import peer, prompts
+
+
+@dataclass
+class Hooks:
+    """Progress callbacks for the CLI (all optional)."""
+
+    on_stage: Callable[[str], None] = lambda _: None
+    on_call: Callable[[], None] = lambda: None
+    on_workflow_done: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    benchmark_run_id: str
+    run_dir: Path
+    rows: int
+    skipped_lines: int
+    agents: list[AgentSummary]
+    total: AgentSummary
+    workflows: list[peer.WorkflowResult]
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    audit: TraceAudit | None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutcome:
+    hooks = hooks or Hooks()
+    _check(cfg)
+    runs_dir = cfg.runs_dir.resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    run_id, run_dir = store.new_run(runs_dir, cfg.name)
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    )
+    engine = make_engine(cfg.engine)
+    results: list[peer.WorkflowResult] = []
+    tracking: TrackingRun | None = None
+    failure: BaseException | None = None
+    hooks.on_stage(f"starting {engine.name}")
+    try:
+        with running(engine, run_dir / "engine.log") as handle:
+            hooks.on_stage("detecting engine capabilities")
+            caps = detect(handle.endpoints, METRIC_FAMILIES)
+            facts: dict[str, Any] = {}
+            if caps.family:
+                families = _metric_families(handle.endpoints.metrics_url)
+                facts = ENGINES[caps.family].runtime_facts(families)
+            env = environment.collect(
+                engine, launch=handle.launch, capabilities=caps, runtime=facts
+            )
+            run_json = {
+                "benchmark_run_id": run_id,
+                "configuration_hash": config_hash(cfg),
+                "config": cfg.model_dump(mode="json"),
+                "launch_command": handle.launch.shell() if handle.launch else None,
+                "environment": env,
+            }
+            (run_dir / store.RUN_JSON).write_text(json.dumps(run_json, indent=2, default=str))
+            hooks.on_stage("opening the MLflow run")
+            tracking = TrackingRun.open(cfg.tracking, runs_dir)
+            tracking.start(run_id, _params(cfg, caps.models[0], engine.version(), facts, env), {
+                "benchmark_run_id": run_id, "engine": engine.name,
+            })  # fmt: skip
+            info = RunInfo(
+                experiment_name=cfg.tracking.experiment,
+                configuration_hash=config_hash(cfg),
+                workflow_type=cfg.workload.workflow,
+                workflow_concurrency=cfg.workload.concurrency,
+                model_name=caps.models[0],
+                chat_template_name=_template_name(env),
+            )
+            log = store.RequestLog(run_dir / store.REQUESTS_JSONL)
+
+            def sink(record: Any) -> None:
+                log.append(record)
+                hooks.on_call()
+
+            probe = Probe(engine, handle.endpoints.base_url, info,
+                          timeout_s=cfg.workload.request_timeout_s, sink=sink)  # fmt: skip
+            runtime = ProfiledRuntime(probe, Tracer(enabled=cfg.tracking.traces), "peer")
+            tokenizer = _tokenizer(engine) if cfg.workload.mode == "synthetic" else None
+            hooks.on_stage("running workflows")
+            try:
+                results = asyncio.run(_drive(runtime, cfg, run_id, tokenizer, hooks, probe))
+            finally:
+                log.close()
+    except (Exception, KeyboardInterrupt) as err:
+        if tracking is None:  # nothing was measured yet: nothing to keep
+            raise
+        failure = err
+    outcome = _close(run_id, run_dir, results, tracking, hooks, failure)
+    if isinstance(failure, KeyboardInterrupt):
+        raise failure
+    return outcome
+
+
+def _metric_families(url: str | None) -> list:
+    import httpx
+
+    with httpx.Client(timeout=10) as client:
+        return fetch_metrics(client, url) or []
+
+
+async def _drive(runtime: ProfiledRuntime, cfg: ExperimentConfig, run_id: str, tokenizer: Any,
+                 hooks: Hooks, probe: Probe) -> list[peer.WorkflowResult]:  # fmt: skip
+    try:
+        return await peer.run_workflows(
+            runtime, cfg.workload, run_id, tokenizer=tokenizer,
+            on_workflow_done=lambda _: hooks.on_workflow_done(),
+        )  # fmt: skip
+    finally:
+        await probe.close()
+
+
+ARTIFACTS = (store.REQUESTS_PARQUET, "config.yaml", store.RUN_JSON, "summary.json", "engine.log")
+
+
+def _close(
+    run_id: str,
+    run_dir: Path,
+    results: list[peer.WorkflowResult],
+    tracking: TrackingRun,
+    hooks: Hooks,
+    failure: BaseException | None,
+) -> RunOutcome:
+    """Table, summary and MLflow run from whatever was measured (also after a failure)."""
+    hooks.on_stage("writing the request table")
+    _, rows, skipped = store.convert(run_dir)
+    table = store.load_requests(run_dir).to_pylist()
+    agents, total = per_agent(table), overall(table)
+    summary = {"agents": [asdict(a) for a in agents], "total": asdict(total)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    hooks.on_stage("logging to MLflow")
+    tracking.log_metrics(_metrics(agents, total))
+    for name in ARTIFACTS:
+        if (run_dir / name).exists():
+            tracking.log_artifact(run_dir / name)
+    # After a failure, the workflows that got as far as a call are the traces to expect.
+    expected = len(results) if failure is None else _workflows_started(table)
+    audit = tracking.finish(expected, status="FINISHED" if failure is None else "FAILED")
+    error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
+    return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
+                      tracking.tracking_uri, audit, error)  # fmt: skip
+
+
+def _workflows_started(table: list[dict[str, Any]]) -> int:
+    return len({r["workflow_run_id"] for r in table})
+
+
+def _check(cfg: ExperimentConfig) -> None:
+    w, e = cfg.workload, cfg.engine
+    if w.mode == "synthetic":
+        s = w.synthetic
+        need = s.fixed_tokens + s.dynamic_tokens * 4 * w.max_cycles + s.output_tokens
+        if need > e.context_length:
+            raise ConfigError(
+                f"synthetic prompts need up to {need} tokens but engine.context_length is "
+                f"{e.context_length}; shorten the prompt lengths or raise context_length"
+            )
+    if e.kind == "attach" and w.mode == "synthetic":
+        raise ConfigError("synthetic mode needs the model's tokenizer: not available on attach")
+
+
+def _tokenizer(engine: Any) -> Any:
+    from tokenizers import Tokenizer
+
+    path = Path(engine.model_facts().get("path", "")) / "tokenizer.json"
+    if not path.exists():
+        raise ConfigError(f"synthetic mode needs {path}")
+    return Tokenizer.from_file(str(path))
+
+
+def _template_name(env: dict[str, Any]) -> str | None:
+    digest = env.get("model", {}).get("chat_template_sha256")
+    return f"sha256:{digest[:12]}" if digest else None
+
+
+def _params(cfg: ExperimentConfig, model: str, version: str | None, facts: dict[str, Any],
+            env: dict[str, Any]) -> dict[str, object]:  # fmt: skip
+    w, e = cfg.workload, cfg.engine
+    params: dict[str, object] = {
+        "model": model,
+        "model_id": env.get("model", {}).get("model_id"),
+        "model_revision": env.get("model", {}).get("revision"),
+        "serving_engine": e.kind,
+        "engine_version": version,
+        "launch_command": env["engine"]["launch_command"],
+        "prefix_cache": e.prefix_cache,
+        "radix_eviction_policy": e.eviction_policy,
+        "kv_capacity_tokens_config": e.kv_capacity_tokens,
+        "kv_capacity_tokens": facts.get("capacity_tokens"),
+        "context_length": e.context_length,
+        "workflow": "planner-executor-expresser-reviewer",
+        "loop_mode": w.loop,
+        "cycles": w.cycles if w.loop == "fixed" else None,
+        "max_cycles": w.max_cycles if w.loop == "model" else None,
+        "workflows": w.workflows,
+        "concurrency": w.concurrency,
+        "prompt_mode": w.mode,
+        "prompt_layout": w.layout,
+        "prompt_template_version": prompts.TEMPLATE_VERSION,
+        "max_tokens": w.max_tokens if w.mode == "tasks" else w.synthetic.output_tokens,
+        "fixed_prompt_tokens": w.synthetic.fixed_tokens if w.mode == "synthetic" else None,
+        "dynamic_prompt_tokens": w.synthetic.dynamic_tokens if w.mode == "synthetic" else None,
+        "tool": w.tool,
+        "random_seed": w.seed,
+        "configuration_hash": config_hash(cfg),
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _metrics(agents: list[AgentSummary], total: AgentSummary) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in [*agents, total]:
+        values = {
+            "calls": s.calls, "failed": s.failed, "weighted_hit_ratio": s.weighted_hit_ratio,
+            "recompute_burden": s.new_prefill_tokens, "cached_tokens": s.cached_tokens,
+            "ttft_p50_ms": s.ttft_p50_ms, "ttft_p95_ms": s.ttft_p95_ms,
+            "e2e_p50_ms": s.e2e_p50_ms, "e2e_p95_ms": s.e2e_p95_ms, "tpot_p50_ms": s.tpot_p50_ms,
+        }  # fmt: skip
+        out.update({f"{s.agent_id}.{k}": float(v) for k, v in values.items() if v is not None})
+    return out
