@@ -116,7 +116,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
         if tracking is None:  # nothing was measured yet: nothing to keep
             raise
         failure = err
-    outcome = _close(run_id, run_dir, results, tracking, hooks, failure)
+    outcome = _close(run_id, run_dir, results, tracking, hooks, failure, cfg.tracking.traces)
     if isinstance(failure, KeyboardInterrupt):
         raise failure
     return outcome
@@ -150,6 +150,7 @@ def _close(
     tracking: TrackingRun,
     hooks: Hooks,
     failure: BaseException | None,
+    traces: bool,
 ) -> RunOutcome:
     """Table, summary and MLflow run from whatever was measured (also after a failure)."""
     hooks.on_stage("writing the request table")
@@ -165,6 +166,8 @@ def _close(
             tracking.log_artifact(run_dir / name)
     # After a failure, the workflows that got as far as a call are the traces to expect.
     expected = len(results) if failure is None else _workflows_started(table)
+    if not traces:
+        expected = 0
     audit = tracking.finish(expected, status="FINISHED" if failure is None else "FAILED")
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,

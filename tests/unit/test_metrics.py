@@ -66,6 +66,8 @@ def test_per_agent_summary_orders_agents_and_skips_failures() -> None:
     planner = summary["planner"]
     assert (planner.calls, planner.failed) == (3, 1)
     assert planner.cached_tokens == 384
+    assert planner.cached_tokens_p50 == 192  # per call: 0 and 384
+    assert planner.new_prefill_tokens_p50 == 208  # per call: 400 and 16
     assert planner.new_prefill_tokens == 416
     assert planner.weighted_hit_ratio == pytest.approx(384 / 800)
     assert planner.e2e_p50_ms == 15.0

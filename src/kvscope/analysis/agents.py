@@ -41,8 +41,10 @@ class AgentSummary:
     calls: int
     failed: int
     prompt_tokens_p50: float | None
+    cached_tokens_p50: float | None
+    new_prefill_tokens_p50: float | None
     cached_tokens: int | None
-    new_prefill_tokens: int | None  # = recompute burden of this agent
+    new_prefill_tokens: int | None  # summed: the recompute burden of this agent
     weighted_hit_ratio: float | None
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
@@ -71,6 +73,10 @@ def _summary(agent: str, rows: list[dict[str, Any]]) -> AgentSummary:
         calls=len(rows),
         failed=len(rows) - len(ok),
         prompt_tokens_p50=percentile([r["prompt_tokens"] for r in ok], 50),
+        cached_tokens_p50=percentile([r["cached_tokens"] for r in known], 50),
+        new_prefill_tokens_p50=percentile(
+            [max(r["prompt_tokens"] - r["cached_tokens"], 0) for r in known], 50
+        ),
         cached_tokens=sum(r["cached_tokens"] for r in known) if known else None,
         new_prefill_tokens=recompute_burden(known),
         weighted_hit_ratio=weighted_hit_ratio(known),

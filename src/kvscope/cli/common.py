@@ -1,6 +1,7 @@
 """What every `kvscope` command shares: consoles, one-line errors, progress lines."""
 
 import functools
+import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -10,6 +11,8 @@ from rich.console import Console
 from kvscope.errors import KvscopeError
 
 console = Console()
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    console.width = 120  # logs and CI: tables stay readable instead of folding at 80
 err_console = Console(stderr=True)
 
 P = ParamSpec("P")

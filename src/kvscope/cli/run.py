@@ -84,8 +84,8 @@ def run(
 
 def show(outcome: "RunOutcome") -> None:
     table = Table(title=f"per agent ({outcome.benchmark_run_id})", title_justify="left")
-    heads = ("agent", "calls", "prompt p50", "cached", "new prefill", "hit ratio",
-             "recompute", "TTFT p50", "TPOT p50", "e2e p50")  # fmt: skip
+    heads = ("agent", "calls", "prompt p50", "cached p50", "new prefill p50", "weighted hit",
+             "recompute", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms")  # fmt: skip
     for i, head in enumerate(heads):
         table.add_column(head, justify="left" if i == 0 else "right")
     for s in [*outcome.agents, outcome.total]:
@@ -121,10 +121,9 @@ def _cells(s: AgentSummary) -> list[str]:
 
     ratio = "null" if s.weighted_hit_ratio is None else f"{s.weighted_hit_ratio:.1%}"
     calls = f"{s.calls}" + (f" ({s.failed} failed)" if s.failed else "")
-    return [s.agent_id, calls, num(s.prompt_tokens_p50), num(s.cached_tokens),
-            num(s.new_prefill_tokens), ratio, num(s.new_prefill_tokens),
-            num(s.ttft_p50_ms, ",.0f") + " ms", num(s.tpot_p50_ms, ",.1f") + " ms",
-            num(s.e2e_p50_ms, ",.0f") + " ms"]  # fmt: skip
+    return [s.agent_id, calls, num(s.prompt_tokens_p50), num(s.cached_tokens_p50),
+            num(s.new_prefill_tokens_p50), ratio, num(s.new_prefill_tokens),
+            num(s.ttft_p50_ms), num(s.tpot_p50_ms, ",.1f"), num(s.e2e_p50_ms)]  # fmt: skip
 
 
 @friendly

@@ -1,0 +1,142 @@
+"""`kvscope run` on the real engine: the request table, the MLflow run and its traces."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from helpers import KVSCOPE, ROOT, Up
+
+from kvscope.schema import COLUMNS
+
+pytestmark = pytest.mark.engine
+AGENTS = ["planner", "executor", "expresser", "reviewer"]
+
+
+def experiment(up: Up, tmp_path: Path, **workload: Any) -> Path:
+    """The shipped demo config, on the session's engine (so `run` reuses it)."""
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    cfg["engine"] = up.engine_config
+    cfg["workload"].update(workload)
+    cfg["runs_dir"] = str(tmp_path / "runs")
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo(up: Up, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("demo")
+    result = up.cli("run", str(experiment(up, tmp)), timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = [p for p in (tmp / "runs").iterdir() if p.is_dir() and p.name.startswith("demo-")]
+    return {"stdout": result.stdout, "run_dir": run_dir, "runs": tmp / "runs"}
+
+
+def test_one_row_per_call_with_every_column(demo: dict[str, Any]) -> None:
+    table = pq.read_table(demo["run_dir"] / "requests.parquet")
+    assert table.column_names == list(COLUMNS)
+    rows = table.to_pylist()
+    cfg = yaml.safe_load((demo["run_dir"] / "config.yaml").read_text())["workload"]
+    assert len(rows) == cfg["workflows"] * cfg["cycles"] * 4
+    assert all(r["status"] == "ok" for r in rows)
+    assert len({r["request_uuid"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["sglang_response_id"] == f"chatcmpl-{r['request_uuid']}"  # vLLM echoes it
+        assert r["prompt_tokens"] > 0 and r["cached_tokens"] is not None
+        assert r["ttft_ms"] is not None and r["e2e_ms"] >= r["ttft_ms"]
+        assert (r["tool_ms"] is not None) == (r["agent_id"] == "executor")
+        assert r["queue_ms"] is None  # Level 2 fills it; unmeasured stays null
+
+
+def test_identifiers_and_reuse_across_cycles(demo: dict[str, Any]) -> None:
+    rows = pq.read_table(demo["run_dir"] / "requests.parquet").to_pylist()
+    by_thread: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["start_ns"]):
+        by_thread.setdefault(r["thread_id"], []).append(r)
+    for calls in by_thread.values():
+        assert [c["agent_id"] for c in calls] == AGENTS * 2
+        assert [c["previous_agent_id"] for c in calls] == [
+            None,
+            *[c["agent_id"] for c in calls[:-1]],
+        ]
+        assert [c["turn_id"] for c in calls] == [1] * 4 + [2] * 4
+        assert len({c["workflow_run_id"] for c in calls}) == 1
+        planner2 = calls[4]
+        assert planner2["agent_id"] == "planner" and planner2["turn_id"] == 2
+        assert planner2["cached_tokens"] > 0  # its own prefix from cycle 1
+
+
+def test_traces_one_per_workflow_with_agent_and_llm_spans(demo: dict[str, Any]) -> None:
+    rows = pq.read_table(demo["run_dir"] / "requests.parquet").to_pylist()
+    run_json = json.loads((demo["run_dir"] / "run.json").read_text())
+    mlflow.set_tracking_uri(f"sqlite:///{demo['runs'] / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string=f"tags.benchmark_run_id = '{run_json['benchmark_run_id']}'",
+        output_format="list",
+    )
+    assert run.data.metrics["traces_dropped"] == 0
+    assert run.data.params["serving_engine"] == "vllm"
+    assert "planner.weighted_hit_ratio" in run.data.metrics
+    traces = mlflow.search_traces(
+        locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list"
+    )
+    workflows = {r["workflow_run_id"] for r in rows}
+    assert len(traces) == len(workflows)
+    llm_uuids = []
+    for trace in traces:
+        spans = trace.data.spans
+        children = {s.span_id: [c for c in spans if c.parent_id == s.span_id] for s in spans}
+        root = next(s for s in spans if s.parent_id is None)
+        agents = sorted(children[root.span_id], key=lambda s: s.start_time_ns)
+        assert [a.name for a in agents] == AGENTS * 2
+        for agent in agents:
+            llm = [s for s in children[agent.span_id] if s.span_type == "LLM"]
+            assert len(llm) == 1
+            assert llm[0].attributes["agent.id"] == agent.name
+            llm_uuids.append(llm[0].attributes["request.uuid"])
+        assert trace.info.trace_metadata["mlflow.trace.session"] in {r["thread_id"] for r in rows}
+    assert sorted(llm_uuids) == sorted(r["request_uuid"] for r in rows)
+
+
+def test_summary_printed(demo: dict[str, Any]) -> None:
+    out = demo["stdout"]
+    for agent in AGENTS:
+        assert agent in out
+    assert "weighted hit" in out and "traces: 4 written of 4 workflows" in out
+    assert str(demo["run_dir"]) in out.replace("\n", "")
+
+
+def test_killed_run_keeps_every_finished_call(up: Up, tmp_path: Path) -> None:
+    path = experiment(up, tmp_path, workflows=2, cycles=3)
+    proc = subprocess.Popen([*KVSCOPE, "run", str(path)], env=up.env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        jsonl = None
+        while time.monotonic() < deadline:
+            found = list((tmp_path / "runs").glob("demo-*/requests.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= 3:
+                jsonl = found[0]
+                break
+            time.sleep(0.5)
+        assert jsonl is not None, "no calls recorded in time"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines = jsonl.read_text().splitlines()
+    assert not (jsonl.parent / "requests.parquet").exists()
+    result = up.cli("convert", str(jsonl.parent))
+    assert result.returncode == 0, result.stderr
+    rows = pq.read_table(jsonl.parent / "requests.parquet").to_pylist()
+    complete = [json.loads(line) for line in lines if line.endswith("}")]
+    assert len(rows) == len(complete) >= 3
+    assert [r["request_uuid"] for r in rows] == [c["request_uuid"] for c in complete]
