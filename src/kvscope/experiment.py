@@ -84,6 +84,8 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
                 "environment": env,
             }
             (run_dir / store.RUN_JSON).write_text(json.dumps(run_json, indent=2, default=str))
+            (run_dir / "environment.json").write_text(json.dumps(env, indent=2, default=str))
+            (run_dir / "launch_command.txt").write_text((run_json["launch_command"] or "") + "\n")
             hooks.on_stage("opening the MLflow run")
             tracking = TrackingRun.open(cfg.tracking, runs_dir)
             tracking.start(run_id, _params(cfg, caps.models[0], engine.version(), facts, env), {
@@ -140,7 +142,10 @@ async def _drive(runtime: ProfiledRuntime, cfg: ExperimentConfig, run_id: str, t
         await probe.close()
 
 
-ARTIFACTS = (store.REQUESTS_PARQUET, "config.yaml", store.RUN_JSON, "summary.json", "engine.log")
+ARTIFACTS = (
+    store.REQUESTS_PARQUET, "config.yaml", "launch_command.txt", "environment.json",
+    store.RUN_JSON, "summary.json", "engine.log",
+)  # fmt: skip
 
 
 def _close(
