@@ -165,7 +165,12 @@ def _close(
     summary = {"agents": [asdict(a) for a in agents], "total": asdict(total)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     hooks.on_stage("logging to MLflow")
-    tracking.log_metrics(_metrics(agents, total))
+    tracking.log_metrics({
+        **_metrics(agents, total),
+        "workflows_run": float(len(results)),
+        "workflows_failed": float(sum(not r.ok for r in results)),
+        "unparsed_verdicts": float(sum(r.unparsed_verdicts for r in results)),
+    })  # fmt: skip
     for name in ARTIFACTS:
         if (run_dir / name).exists():
             tracking.log_artifact(run_dir / name)
@@ -187,7 +192,8 @@ def _check(cfg: ExperimentConfig) -> None:
     w, e = cfg.workload, cfg.engine
     if w.mode == "synthetic":
         s = w.synthetic
-        need = s.fixed_tokens + s.dynamic_tokens * 4 * w.max_cycles + s.output_tokens
+        # one call = chat template (14 tokens for SmolLM2; 32 leaves room) + fixed + dynamic
+        need = 32 + s.fixed_tokens + s.dynamic_tokens + s.output_tokens
         if need > e.context_length:
             raise ConfigError(
                 f"synthetic prompts need up to {need} tokens but engine.context_length is "

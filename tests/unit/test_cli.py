@@ -85,3 +85,27 @@ def test_command_prints_the_sglang_launch(isolated_dirs: Path) -> None:
     assert "sglang.launch_server" in text
     assert "--max-total-tokens 8192" in text
     assert "--enable-cache-report" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("workload:\n  concurrency: 0\n", "concurrency"),
+        ("workload:\n  layout: sideways\n", "layout"),
+        ("engine:\n  kind: vllm\n  eviction_policy: lfu\n", "LRU only"),
+        (
+            "engine:\n  context_length: 1024\nworkload:\n  mode: synthetic\n"
+            "  synthetic: {fixed_tokens: 1000, dynamic_tokens: 32, output_tokens: 32}\n",
+            "context_length",
+        ),
+    ],
+)
+def test_run_config_errors_come_before_any_engine(
+    isolated_dirs: Path, text: str, fragment: str
+) -> None:
+    cfg = isolated_dirs / "experiment.yaml"
+    cfg.write_text(text + f"runs_dir: {isolated_dirs / 'runs'}\n")
+    line = one_error_line(runner.invoke(app, ["run", str(cfg)]))
+    assert fragment in line
+    # nothing was started: the engine is not even installed in these directories
+    assert "not installed" not in line

@@ -101,6 +101,9 @@ def show(outcome: "RunOutcome") -> None:
             else ""
         )
     )
+    unparsed = sum(w.unparsed_verdicts for w in outcome.workflows)
+    if unparsed:
+        console.print(f"{unparsed} Reviewer verdict(s) could not be parsed (treated as REVISE)")
     console.print(f"run directory: {outcome.run_dir}")
     if outcome.mlflow_run_id:
         console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
