@@ -1,6 +1,5 @@
 """The `kvscope` command line."""
 
-import logging
 import signal
 import sys
 
@@ -19,6 +18,4 @@ app.command("ui")(run_commands.ui)
 def main() -> None:
     # SIGTERM unwinds like Ctrl-C, so that engines started in-process are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    # MLflow's INFO lines (schema migrations, queue flushes) would break the progress display.
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
     app()

@@ -1,6 +1,7 @@
 """`kvscope run`, `convert` and `ui`: profile workflows, keep and browse the results."""
 
 import contextlib
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -52,6 +53,10 @@ def run(
     """Run PEER workflows on the engine and show, per agent, how the KV cache served them."""
     from kvscope.experiment import Hooks, run_experiment  # MLflow and LangGraph load slowly
 
+    # MLflow sets its own INFO level when imported; its migration and flush lines would
+    # break the progress display.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
     cfg = load_experiment(config, workflows=workflows, concurrency=concurrency,
                           runs_dir=runs_dir, tracking_uri=tracking_uri)  # fmt: skip
     w = cfg.workload
@@ -79,10 +84,10 @@ def run(
         )
         outcome = run_experiment(cfg, hooks)
         bar.update(task, description="done")
-    show(outcome)
+    show(outcome, verdicts=w.loop == "model")
 
 
-def show(outcome: "RunOutcome") -> None:
+def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     table = Table(title=f"per agent ({outcome.benchmark_run_id})", title_justify="left")
     heads = ("agent", "calls", "prompt p50", "cached p50", "new prefill p50", "weighted hit",
              "recompute", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms")  # fmt: skip
@@ -102,7 +107,7 @@ def show(outcome: "RunOutcome") -> None:
         )
     )
     unparsed = sum(w.unparsed_verdicts for w in outcome.workflows)
-    if unparsed:
+    if unparsed and verdicts:
         console.print(f"{unparsed} Reviewer verdict(s) could not be parsed (treated as REVISE)")
     console.print(f"run directory: {outcome.run_dir}")
     if outcome.mlflow_run_id:
@@ -114,8 +119,14 @@ def show(outcome: "RunOutcome") -> None:
                       + (f", {a.dropped} DROPPED" if a.dropped else ""))  # fmt: skip
     if outcome.error:
         console.print(f"[red]the run stopped early: {outcome.error}[/] (what was measured is kept)")
-    console.print("browse: kvscope ui" + ("" if outcome.run_dir.parent.name == "runs" else
-                  f" --runs-dir {outcome.run_dir.parent}"))  # fmt: skip
+    uri = outcome.tracking_uri or ""
+    if uri.startswith(("http://", "https://")):
+        console.print(f"browse: {uri}")
+    else:
+        extra = (
+            "" if outcome.run_dir.parent.name == "runs" else f" --runs-dir {outcome.run_dir.parent}"
+        )
+        console.print(f"browse: kvscope ui{extra}")
 
 
 def _cells(s: AgentSummary) -> list[str]:
