@@ -50,11 +50,13 @@ class RequestRecord:
     decode_ms: float | None
     e2e_ms: float | None
     tool_ms: float | None  # the agent's tool time before this call (Executor), else None
-    # server state (Level 2)
+    # server state (Level 2): context from the nearest /metrics samples, not ownership
     cache_used_tokens_before: int | None
     cache_used_tokens_after: int | None
-    running_requests: int | None
-    queued_requests: int | None
+    cache_utilization_before: float | None
+    cache_utilization_after: float | None
+    running_requests: int | None  # before the request
+    queued_requests: int | None  # before the request
     # prompt
     prompt_template_version: str | None
     chat_template_name: str | None

@@ -79,6 +79,8 @@ def make_record(
         tool_ms=7.0 if ids.agent_id == "executor" else None,
         cache_used_tokens_before=None,
         cache_used_tokens_after=None,
+        cache_utilization_before=None,
+        cache_utilization_after=None,
         running_requests=None,
         queued_requests=None,
         prompt_template_version="v1",

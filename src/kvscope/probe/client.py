@@ -170,6 +170,8 @@ class Probe:
             tool_ms=tool_ms,
             cache_used_tokens_before=None,
             cache_used_tokens_after=None,
+            cache_utilization_before=None,
+            cache_utilization_after=None,
             running_requests=None,
             queued_requests=None,
             prompt_template_version=prompt.template_version,

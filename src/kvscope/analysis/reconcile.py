@@ -1,0 +1,48 @@
+"""Do kvscope's per-request numbers agree with the engine's own counters? Shown, never hidden."""
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# kvscope counter name -> the request-table column it should equal the sum of
+PAIRS = {"cached_tokens_total": "cached_tokens", "prompt_tokens_total": "prompt_tokens"}
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    counter: str
+    requests_sum: int | None  # over the rows where the column was measured
+    engine_delta: float | None  # the counter's increase over the run (resets handled)
+    unmeasured_rows: int  # rows whose column is null (failed calls, engines that don't report)
+
+    @property
+    def difference(self) -> float | None:
+        if self.requests_sum is None or self.engine_delta is None:
+            return None
+        return self.engine_delta - self.requests_sum
+
+    @property
+    def exact(self) -> bool | None:
+        diff = self.difference
+        return None if diff is None else diff == 0
+
+
+def reconcile(
+    rows: Sequence[dict[str, Any]],
+    counters: dict[str, Sequence[float]],
+    delta: Callable[[Iterable[float]], float | None],
+) -> list[Reconciliation]:
+    """`counters`: each kvscope counter's values over the run, in time order."""
+    out = []
+    for counter, column in PAIRS.items():
+        known = [r[column] for r in rows if r.get(column) is not None]
+        values = counters.get(counter)
+        out.append(
+            Reconciliation(
+                counter=counter,
+                requests_sum=sum(known) if known else None,
+                engine_delta=delta(values) if values else None,
+                unmeasured_rows=len(rows) - len(known),
+            )
+        )
+    return out

@@ -1,0 +1,52 @@
+"""Per-request server context: the cache and queue state around each call, from /metrics samples.
+
+Under concurrency these are context, not ownership: the cache used before and after a call
+includes every other request in flight.
+"""
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvscope.schema import RequestRecord
+
+Series = Mapping[str, Sequence[tuple[int, float]]]  # kvscope name -> (timestamp_ns, value), sorted
+
+
+def at(points: Sequence[tuple[int, float]], t_ns: int, side: str) -> float | None:
+    """The sample at or before (side="before") / at or after ("after") t_ns, or None."""
+    times = [t for t, _ in points]
+    if side == "before":
+        i = bisect.bisect_right(times, t_ns) - 1
+        return points[i][1] if i >= 0 else None
+    i = bisect.bisect_left(times, t_ns)
+    return points[i][1] if i < len(points) else None
+
+
+def with_context(row: dict[str, Any], series: Series) -> dict[str, Any]:
+    """The row with its before/after cache and queue columns filled where samples exist."""
+    start, end = row["start_ns"], row["end_ns"]
+    used, usage = series.get("kv_used_tokens", ()), series.get("kv_usage", ())
+
+    def as_int(v: float | None) -> int | None:
+        return None if v is None else round(v)
+
+    return row | {
+        "cache_used_tokens_before": as_int(at(used, start, "before")),
+        "cache_used_tokens_after": as_int(at(used, end, "after")),
+        "cache_utilization_before": at(usage, start, "before"),
+        "cache_utilization_after": at(usage, end, "after"),
+        "running_requests": as_int(at(series.get("running_requests", ()), start, "before")),
+        "queued_requests": as_int(at(series.get("queued_requests", ()), start, "before")),
+    }
+
+
+def with_server_timings(
+    record: RequestRecord, timings: Mapping[str, float | None] | None
+) -> RequestRecord:
+    """queue_ms / prefill_ms / decode_ms from the engine's own per-request timing, if any."""
+    if not timings:
+        return record
+    keys = ("queue_ms", "prefill_ms", "decode_ms")
+    return replace(record, **{k: timings.get(k) for k in keys if timings.get(k) is not None})

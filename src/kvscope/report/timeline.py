@@ -1,0 +1,71 @@
+"""KV usage and running/queued requests over time, with every agent call drawn on the same axis."""
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and CI
+import matplotlib.pyplot as plt
+
+AGENT_COLORS = {
+    "planner": "#4C72B0", "executor": "#DD8452", "expresser": "#55A868", "reviewer": "#C44E52",
+}  # fmt: skip
+
+Series = Mapping[str, Sequence[tuple[int, float]]]
+
+
+def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str) -> Path:
+    """Three stacked panels sharing a time axis (seconds from the first call or sample)."""
+    starts = [r["start_ns"] for r in rows] + [t for pts in series.values() for t, _ in pts[:1]]
+    t0 = min(starts) if starts else 0
+
+    def secs(t_ns: int) -> float:
+        return (t_ns - t0) / 1e9
+
+    lanes = sorted({r["thread_id"] for r in rows})
+    fig, (kv, queue, calls) = plt.subplots(
+        3, 1, sharex=True, figsize=(11, 7.5), height_ratios=(2, 1, max(1.5, 0.35 * len(lanes)))
+    )
+    used = series.get("kv_used_tokens", ())
+    if used:
+        kv.plot([secs(t) for t, _ in used], [v for _, v in used], color="#333", lw=1.2,
+                label="KV cache used")  # fmt: skip
+    cap = series.get("kv_capacity_tokens", ())
+    if cap:
+        kv.axhline(cap[-1][1], color="#999", ls="--", lw=1, label=f"capacity {cap[-1][1]:,.0f}")
+    kv.set_ylabel("tokens")
+    kv.set_title(title, loc="left", fontsize=11)
+    _legend_or_note(kv)
+    for name, color in (("running_requests", "#2a9d8f"), ("queued_requests", "#e76f51")):
+        pts = series.get(name, ())
+        if pts:
+            queue.step([secs(t) for t, _ in pts], [v for _, v in pts], where="post",
+                       color=color, label=name.replace("_", " "))  # fmt: skip
+    queue.set_ylabel("requests")
+    _legend_or_note(queue)
+    for r in rows:
+        lane = lanes.index(r["thread_id"])
+        end = r["end_ns"] if r["end_ns"] > r["start_ns"] else r["start_ns"] + 1
+        color = AGENT_COLORS.get(r["agent_id"], "#777")
+        hatch = None if r["status"] == "ok" else "xx"
+        calls.barh(lane, secs(end) - secs(r["start_ns"]), left=secs(r["start_ns"]), height=0.7,
+                   color=color, edgecolor="white", hatch=hatch)  # fmt: skip
+    calls.set_yticks(range(len(lanes)), [lane.rsplit("-", 1)[-1] for lane in lanes], fontsize=8)
+    calls.set_ylabel("workflow")
+    calls.set_xlabel("seconds")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in AGENT_COLORS.values()]
+    calls.legend(handles, AGENT_COLORS, loc="upper right", fontsize=8, ncols=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _legend_or_note(ax: plt.Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", fontsize=8)
+    else:  # say so instead of leaving an empty panel
+        ax.text(0.5, 0.5, "no /metrics samples", ha="center", va="center",
+                transform=ax.transAxes, color="#999")  # fmt: skip
