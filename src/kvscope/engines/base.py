@@ -3,7 +3,7 @@
 import re
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -14,6 +14,31 @@ from kvscope.config import EngineConfig
 # Flag or variable names whose values are secrets: --api-key, --hf-token, HF_TOKEN, *_SECRET...
 _SECRET_FLAG = re.compile(r"(api[-_]?key|secret|password|(^|[-_])token$)", re.IGNORECASE)
 REDACTED = "***"
+
+# kvscope's names for an engine's instant values (gauges and counters), read from one scrape.
+INSTANT_VALUES = (
+    "kv_used_tokens",  # KV slots held by running requests (not the evictable cached ones)
+    "kv_capacity_tokens",
+    "kv_usage",  # fraction 0..1
+    "cache_hit_rate",
+    "running_requests",
+    "queued_requests",
+    "gen_throughput",  # tokens/s
+    "prompt_tokens_total",
+    "cached_tokens_total",
+    "generation_tokens_total",
+    "evicted_tokens_total",
+)
+COUNTERS = (
+    "prompt_tokens_total",
+    "cached_tokens_total",
+    "generation_tokens_total",
+    "evicted_tokens_total",
+)
+# A fraction summed over label sets (ranks, engines) would exceed 1: these are averaged.
+RATIOS = frozenset({"kv_usage", "cache_hit_rate"})
+LATENCIES = ("ttft_seconds", "e2e_seconds", "queue_seconds", "prefill_seconds", "decode_seconds")
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 @dataclass(frozen=True)
@@ -72,14 +97,30 @@ class Capabilities:
     notes: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True)
+class LatencyHistogram:
+    """An engine's histogram family, optionally only its series with these label values."""
+
+    family: str
+    where: tuple[tuple[str, str], ...] = ()
+
+    def matches(self, sample: str, labels: Mapping[str, str]) -> bool:
+        return any(sample == self.family + s for s in _HISTOGRAM_SUFFIXES) and all(
+            labels.get(k) == v for k, v in self.where
+        )
+
+
 class Engine(ABC):
     """One engine kind; everything engine-specific (flags, metric names, quirks) is in its file."""
 
     name: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     metric_prefix: ClassVar[str] = ""
-    # kvscope counter name -> this engine's Prometheus sample name
-    counter_samples: ClassVar[dict[str, str]] = {}
+    # kvscope instant value (INSTANT_VALUES) -> this engine's sample that gives it as is, summed
+    # over label sets. A name missing here is derived (derived_values) or not exposed (None).
+    metric_samples: ClassVar[dict[str, str]] = {}
+    # kvscope latency (LATENCIES) -> this engine's histogram; missing = not exposed
+    latency_histograms: ClassVar[dict[str, LatencyHistogram]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -124,16 +165,42 @@ class Engine(ABC):
         return cls.runtime_facts(families).get("capacity_tokens")
 
     @classmethod
-    def counters(cls, families: Iterable[Metric]) -> dict[str, float | None]:
-        """Engine counters in kvscope's names, summed over label sets; None = not exposed."""
-        totals: dict[str, float | None] = dict.fromkeys(cls.counter_samples)
-        wanted = {sample: name for name, sample in cls.counter_samples.items()}
-        for family in families:
+    def kvscope_values(cls, families: Iterable[Metric]) -> dict[str, float | None]:
+        """INSTANT_VALUES from one scrape, in kvscope's names; None = not exposed."""
+        scraped = list(families)
+        wanted = {sample: name for name, sample in cls.metric_samples.items()}
+        found: dict[str, list[float]] = {}
+        for family in scraped:
             for sample in family.samples:
                 name = wanted.get(sample.name)
                 if name is not None:
-                    totals[name] = (totals[name] or 0.0) + sample.value
-        return totals
+                    found.setdefault(name, []).append(sample.value)
+        values: dict[str, float | None] = dict.fromkeys(INSTANT_VALUES)
+        for name, vs in found.items():
+            values[name] = sum(vs) / len(vs) if name in RATIOS else sum(vs)
+        values.update(cls.derived_values(scraped, values))
+        return values
+
+    @classmethod
+    def derived_values(
+        cls, families: list[Metric], direct: Mapping[str, float | None]
+    ) -> dict[str, float | None]:
+        """Instant values this engine exposes only through others (`direct`: those it gives)."""
+        return {}
+
+    @classmethod
+    def counters(cls, families: Iterable[Metric]) -> dict[str, float | None]:
+        """Engine counters in kvscope's names, summed over label sets; None = not exposed."""
+        values = cls.kvscope_values(families)
+        return {name: values[name] for name in COUNTERS}
+
+    @classmethod
+    def kvscope_name(cls, sample: str, labels: Mapping[str, str]) -> str | None:
+        """kvscope's name for one of this engine's samples (a histogram's too), or None."""
+        for name, histogram in cls.latency_histograms.items():
+            if histogram.matches(sample, labels):
+                return name
+        return next((k for k, v in cls.metric_samples.items() if v == sample), None)
 
     @classmethod
     def owns_metrics(cls, families: Iterable[Metric]) -> bool:

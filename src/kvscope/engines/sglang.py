@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
 from kvscope.engines import model
-from kvscope.engines.base import Endpoints, Engine, Launch
+from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.process import require_free_port
 from kvscope.errors import ConfigError, EngineNotInstalled
 
@@ -46,10 +46,30 @@ def importable(python: str, module: str) -> bool:
 class SglangEngine(Engine):
     name: ClassVar[str] = "sglang"
     metric_prefix: ClassVar[str] = "sglang:"
-    counter_samples: ClassVar[dict[str, str]] = {
+    # Tokenizer counters carry the `agent` label (and cached_tokens_total `cache_source`:
+    # device / host / storage); kvscope_values sums them. kv_used_tokens excludes the evictable
+    # radix-cached slots (sglang:kv_evictable_tokens), as vLLM's usage does.
+    metric_samples: ClassVar[dict[str, str]] = {
+        "kv_used_tokens": "sglang:kv_used_tokens",
+        "kv_capacity_tokens": "sglang:max_total_num_tokens",
+        "kv_usage": "sglang:token_usage",
+        "cache_hit_rate": "sglang:cache_hit_rate",  # of the LAST prefill batch only
+        "running_requests": "sglang:num_running_reqs",
+        "queued_requests": "sglang:num_queue_reqs",
+        "gen_throughput": "sglang:gen_throughput",
         "prompt_tokens_total": "sglang:prompt_tokens_total",
         "cached_tokens_total": "sglang:cached_tokens_total",
         "generation_tokens_total": "sglang:generation_tokens_total",
+        "evicted_tokens_total": "sglang:evicted_tokens_total",
+    }
+    # No decode histogram: SGLang 0.5.23 does not observe its decode_forward stage in metrics.
+    latency_histograms: ClassVar[dict[str, LatencyHistogram]] = {
+        "ttft_seconds": LatencyHistogram("sglang:time_to_first_token_seconds"),
+        "e2e_seconds": LatencyHistogram("sglang:e2e_request_latency_seconds"),
+        "queue_seconds": LatencyHistogram("sglang:queue_time_seconds"),
+        "prefill_seconds": LatencyHistogram(
+            "sglang:per_stage_req_latency_seconds", (("stage", "prefill_forward"),)
+        ),
     }
 
     @property

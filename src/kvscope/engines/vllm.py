@@ -5,7 +5,7 @@ Every vLLM-specific name lives here: package pins, CLI flags, environment variab
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
 from kvscope.engines import model
-from kvscope.engines.base import Endpoints, Engine, Launch
+from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
 from kvscope.engines.process import require_free_port
 from kvscope.errors import ConfigError, EngineNotInstalled
@@ -43,10 +43,22 @@ def install(report: Report) -> tuple[Path, Path]:
 class VllmEngine(Engine):
     name: ClassVar[str] = "vllm"
     metric_prefix: ClassVar[str] = "vllm:"
-    counter_samples: ClassVar[dict[str, str]] = {
+    # No cache-hit-rate or generation-throughput gauge and no eviction counter in vLLM 0.32:
+    # those stay None. kv_used_tokens and kv_capacity_tokens are derived (derived_values).
+    metric_samples: ClassVar[dict[str, str]] = {
+        "kv_usage": "vllm:kv_cache_usage_perc",  # a fraction despite the name
+        "running_requests": "vllm:num_requests_running",
+        "queued_requests": "vllm:num_requests_waiting",
         "prompt_tokens_total": "vllm:prompt_tokens_total",
         "cached_tokens_total": "vllm:prompt_tokens_cached_total",
         "generation_tokens_total": "vllm:generation_tokens_total",
+    }
+    latency_histograms: ClassVar[dict[str, LatencyHistogram]] = {
+        "ttft_seconds": LatencyHistogram("vllm:time_to_first_token_seconds"),
+        "e2e_seconds": LatencyHistogram("vllm:e2e_request_latency_seconds"),
+        "queue_seconds": LatencyHistogram("vllm:request_queue_time_seconds"),
+        "prefill_seconds": LatencyHistogram("vllm:request_prefill_time_seconds"),
+        "decode_seconds": LatencyHistogram("vllm:request_decode_time_seconds"),
     }
 
     @property
@@ -186,6 +198,23 @@ class VllmEngine(Engine):
             "block_size": block,
             "kv_cache_dtype": info.get("cache_dtype"),  # "auto" = the weights' dtype
             "prefix_caching": info.get("enable_prefix_caching") == "True",
+        }
+
+    @classmethod
+    def derived_values(
+        cls, families: list[Metric], direct: Mapping[str, float | None]
+    ) -> dict[str, float | None]:
+        facts = cls.runtime_facts(families)
+        capacity, block = facts.get("capacity_tokens"), facts.get("block_size")
+        usage = direct.get("kv_usage")
+        used = None
+        if capacity is not None and block and usage is not None:
+            # usage = 1 - free / usable blocks (one engine core): a whole number of blocks, so
+            # rounding removes only float noise.
+            used = float(round(usage * capacity / block) * block)
+        return {
+            "kv_capacity_tokens": None if capacity is None else float(capacity),
+            "kv_used_tokens": used,
         }
 
 

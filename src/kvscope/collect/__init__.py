@@ -1,0 +1,20 @@
+"""What kvscope collects from the engine while a workload runs, beside the request rows."""
+
+from kvscope.collect.metrics import (
+    SCHEMA,
+    Gap,
+    MetricsScraper,
+    ScrapeSummary,
+    instant_series,
+)
+from kvscope.collect.series import counter_delta, nearest
+
+__all__ = [
+    "SCHEMA",
+    "Gap",
+    "MetricsScraper",
+    "ScrapeSummary",
+    "counter_delta",
+    "instant_series",
+    "nearest",
+]
