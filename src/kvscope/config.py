@@ -130,6 +130,7 @@ class ExperimentConfig(BaseModel):
     workload: WorkloadConfig = WorkloadConfig()
     tracking: TrackingConfig = TrackingConfig()
     runs_dir: Path = Path("runs")
+    metrics_interval_s: float = Field(0.25, gt=0, description="/metrics sampling interval.")
 
 
 def parse_experiment(data: dict[str, Any], source: str = "config") -> ExperimentConfig:

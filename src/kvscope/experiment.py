@@ -15,6 +15,10 @@ import yaml
 
 from kvscope import environment, store
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
+from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.collect.context import with_context
+from kvscope.collect.metrics import MetricsScraper, ScrapeSummary
+from kvscope.collect.series import counter_delta
 from kvscope.config import ExperimentConfig, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
 from kvscope.engines.detect import detect, fetch_metrics
@@ -23,6 +27,7 @@ from kvscope.errors import ConfigError
 from kvscope.probe.client import Probe, RunInfo
 from kvscope.probe.runtime import ProfiledRuntime
 from kvscope.probe.tracing import TraceAudit, Tracer, TrackingRun
+from kvscope.report import timeline
 from kvscope.workload import peer, prompts
 
 
@@ -48,7 +53,9 @@ class RunOutcome:
     tracking_uri: str | None
     audit: TraceAudit | None
     error: str | None = None
-    notes: list[str] = field(default_factory=list)
+    reconciliation: list[Reconciliation] = field(default_factory=list)
+    scrape: ScrapeSummary | None = None
+    server: dict[str, float] = field(default_factory=dict)  # run-level /metrics summaries
 
 
 def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutcome:
@@ -63,6 +70,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
     engine = make_engine(cfg.engine)
     results: list[peer.WorkflowResult] = []
     tracking: TrackingRun | None = None
+    scraper: MetricsScraper | None = None
     failure: BaseException | None = None
     hooks.on_stage(f"starting {engine.name}")
     try:
@@ -109,16 +117,26 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
                           timeout_s=cfg.workload.request_timeout_s, sink=sink)  # fmt: skip
             runtime = ProfiledRuntime(probe, Tracer(enabled=cfg.tracking.traces), "peer")
             tokenizer = _tokenizer(engine) if cfg.workload.mode == "synthetic" else None
+            if caps.family and caps.metrics and handle.endpoints.metrics_url:
+                scraper = MetricsScraper(
+                    ENGINES[caps.family], handle.endpoints.metrics_url, run_id,
+                    interval_s=cfg.metrics_interval_s,
+                )  # fmt: skip
+                scraper.start()  # its first sample precedes the first request
             hooks.on_stage("running workflows")
             try:
                 results = asyncio.run(_drive(runtime, cfg, run_id, tokenizer, hooks, probe))
             finally:
                 log.close()
+                if scraper is not None:
+                    scraper.stop()
     except (Exception, KeyboardInterrupt) as err:
         if tracking is None:  # nothing was measured yet: nothing to keep
             raise
         failure = err
-    outcome = _close(run_id, run_dir, results, tracking, hooks, failure, cfg.tracking.traces)
+    outcome = _close(
+        run_id, run_dir, results, tracking, scraper, hooks, failure, cfg.tracking.traces
+    )
     if isinstance(failure, KeyboardInterrupt):
         raise failure
     return outcome
@@ -144,7 +162,8 @@ async def _drive(runtime: ProfiledRuntime, cfg: ExperimentConfig, run_id: str, t
 
 ARTIFACTS = (
     store.REQUESTS_PARQUET, "config.yaml", "launch_command.txt", "environment.json",
-    store.RUN_JSON, "summary.json", "engine.log",
+    store.RUN_JSON, "summary.json", "engine.log", "metrics.parquet", "metrics.gaps.json",
+    "timeline.png",
 )  # fmt: skip
 
 
@@ -153,20 +172,38 @@ def _close(
     run_dir: Path,
     results: list[peer.WorkflowResult],
     tracking: TrackingRun,
+    scraper: MetricsScraper | None,
     hooks: Hooks,
     failure: BaseException | None,
     traces: bool,
 ) -> RunOutcome:
     """Table, summary and MLflow run from whatever was measured (also after a failure)."""
     hooks.on_stage("writing the request table")
-    _, rows, skipped = store.convert(run_dir)
-    table = store.load_requests(run_dir).to_pylist()
+    table, skipped = store.read_jsonl(run_dir / store.REQUESTS_JSONL)
+    series: dict[str, list[tuple[int, float]]] = {}
+    if scraper is not None:
+        scraper.write(run_dir / "metrics.parquet")
+        series = scraper.kvscope_series()
+        table = [with_context(r, series) for r in table]
+    store.write_requests(run_dir, table)
+    rows = len(table)
     agents, total = per_agent(table), overall(table)
-    summary = {"agents": [asdict(a) for a in agents], "total": asdict(total)}
+    counters = {name: [v for _, v in pts] for name, pts in series.items()}
+    recon = reconcile(table, counters, counter_delta) if scraper is not None else []
+    server = _server_summary(series)
+    if table:
+        timeline.plot(table, series, run_dir / "timeline.png", f"{run_id}: KV cache and calls")
+    summary = {
+        "agents": [asdict(a) for a in agents], "total": asdict(total), "server": server,
+        "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
+    }  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     hooks.on_stage("logging to MLflow")
     tracking.log_metrics({
         **_metrics(agents, total),
+        **{f"server.{k}": v for k, v in server.items()},
+        **{f"reconcile.{r.counter}.difference": r.difference for r in recon
+           if r.difference is not None},
         "workflows_run": float(len(results)),
         "workflows_failed": float(sum(not r.ok for r in results)),
         "unparsed_verdicts": float(sum(r.unparsed_verdicts for r in results)),
@@ -181,7 +218,23 @@ def _close(
     audit = tracking.finish(expected, status="FINISHED" if failure is None else "FAILED")
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
-                      tracking.tracking_uri, audit, error)  # fmt: skip
+                      tracking.tracking_uri, audit, error, recon,
+                      scraper.summary() if scraper else None, server)  # fmt: skip
+
+
+def _server_summary(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """Run-level /metrics summaries: peak and mean KV use, mean queue, hit rate from counters."""
+    out: dict[str, float] = {}
+    for name in ("kv_used_tokens", "kv_usage", "running_requests", "queued_requests"):
+        values = [v for _, v in series.get(name, ())]
+        if values:
+            out[f"{name}_peak"] = max(values)
+            out[f"{name}_mean"] = sum(values) / len(values)
+    prompt = counter_delta(v for _, v in series.get("prompt_tokens_total", ()))
+    cached = counter_delta(v for _, v in series.get("cached_tokens_total", ()))
+    if prompt and cached is not None:
+        out["hit_rate_from_counters"] = cached / prompt
+    return out
 
 
 def _workflows_started(table: list[dict[str, Any]]) -> int:

@@ -76,6 +76,12 @@ def convert(run_dir: Path) -> tuple[Path, int, int]:
     return target, len(rows), bad
 
 
+def write_requests(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
+    target = run_dir / REQUESTS_PARQUET
+    pq.write_table(to_table(rows), target)
+    return target
+
+
 def load_requests(run_dir: Path) -> pa.Table:
     """The run's request table: Parquet when written, else straight from the JSONL."""
     parquet = run_dir / REQUESTS_PARQUET

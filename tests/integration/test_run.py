@@ -53,7 +53,17 @@ def test_one_row_per_call_with_every_column(demo: dict[str, Any]) -> None:
         assert r["prompt_tokens"] > 0 and r["cached_tokens"] is not None
         assert r["ttft_ms"] is not None and r["e2e_ms"] >= r["ttft_ms"]
         assert (r["tool_ms"] is not None) == (r["agent_id"] == "executor")
-        assert r["queue_ms"] is None  # Level 2 fills it; unmeasured stays null
+        # Level 2: the engine's own timing and the server context around the call
+        assert r["queue_ms"] is not None and r["prefill_ms"] is not None
+        assert r["decode_ms"] is not None
+        for column in (
+            "cache_used_tokens_before",
+            "cache_used_tokens_after",
+            "cache_utilization_before",
+            "running_requests",
+            "queued_requests",
+        ):
+            assert r[column] is not None, column  # fmt: skip
 
 
 def test_identifiers_and_reuse_across_cycles(demo: dict[str, Any]) -> None:
@@ -105,6 +115,29 @@ def test_traces_one_per_workflow_with_agent_and_llm_spans(demo: dict[str, Any]) 
             llm_uuids.append(llm[0].attributes["request.uuid"])
         assert trace.info.trace_metadata["mlflow.trace.session"] in {r["thread_id"] for r in rows}
     assert sorted(llm_uuids) == sorted(r["request_uuid"] for r in rows)
+
+
+def test_server_series_reconciliation_and_plot(demo: dict[str, Any]) -> None:
+    run_dir = demo["run_dir"]
+    series = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    times = sorted({s["timestamp_ns"] for s in series})
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    workload_s = (max(r["end_ns"] for r in rows) - min(r["start_ns"] for r in rows)) / 1e9
+    assert len(times) >= 4 * workload_s  # at least 4 samples per second of workload
+    names = {s["metric_name"] for s in series}
+    assert {
+        "kvscope:kv_used_tokens",
+        "kvscope:running_requests",
+        "vllm:prompt_tokens_total",
+    } <= names
+    summary = json.loads((run_dir / "summary.json").read_text())
+    recon = {r["counter"]: r for r in summary["reconciliation"]}
+    for counter in ("prompt_tokens_total", "cached_tokens_total"):
+        assert recon[counter]["difference"] == 0, recon[counter]  # exact agreement
+    assert summary["server"]["kv_used_tokens_peak"] > 0
+    png = run_dir / "timeline.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert "reconcile cached_tokens_total" in demo["stdout"] and "exact" in demo["stdout"]
 
 
 def test_summary_printed(demo: dict[str, Any]) -> None:

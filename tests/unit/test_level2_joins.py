@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.analysis.reconcile import reconcile
-from kvscope.collect.context import at, with_context
+from kvscope.collect.context import with_context
 from kvscope.report.timeline import plot
 
 SERIES = {
@@ -16,16 +16,6 @@ SERIES = {
     "running_requests": [(100, 0.0), (200, 1.0), (300, 2.0), (400, 0.0)],
     "queued_requests": [(100, 0.0), (200, 0.0), (300, 1.0), (400, 0.0)],
 }
-
-
-def test_at_picks_the_nearest_sample_on_the_right_side() -> None:
-    pts = SERIES["kv_used_tokens"]
-    assert at(pts, 250, "before") == 512.0
-    assert at(pts, 250, "after") == 1024.0
-    assert at(pts, 200, "before") == at(pts, 200, "after") == 512.0  # exact hit
-    assert at(pts, 50, "before") is None  # no sample yet: unknown, not 0
-    assert at(pts, 401, "after") is None
-    assert at([], 1, "before") is None
 
 
 def test_context_columns() -> None:

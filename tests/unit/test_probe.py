@@ -108,7 +108,16 @@ def test_recorded_vllm_stream(server: tuple[Server, str]) -> None:
         assert r.tpot_ms is not None and r.tpot_ms >= 0
     assert r.tool_ms == 1.5
     assert (r.agent_id, r.previous_agent_id, r.turn_id) == ("executor", "planner", 2)
-    assert r.queue_ms is None and r.cache_used_tokens_before is None  # not measured here
+    final = next(
+        json.loads(line[5:])
+        for line in SSE.splitlines()
+        if line.startswith("data: {") and '"usage":{' in line
+    )
+    # vLLM's own per-request timing (--enable-per-request-metrics), from the usage chunk
+    assert r.queue_ms == final["metrics"]["queue_time_ms"]
+    assert r.prefill_ms == final["metrics"]["time_to_first_token_ms"]
+    assert r.decode_ms == final["metrics"]["generation_time_ms"]
+    assert r.cache_used_tokens_before is None  # server context is joined after the run
     body, _ = srv.received[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["request_id"] == "req-1" and body["session_id"] == "executor"

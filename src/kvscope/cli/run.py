@@ -109,6 +109,25 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     unparsed = sum(w.unparsed_verdicts for w in outcome.workflows)
     if unparsed and verdicts:
         console.print(f"{unparsed} Reviewer verdict(s) could not be parsed (treated as REVISE)")
+    if outcome.scrape is not None:
+        sc = outcome.scrape
+        peak = outcome.server.get("kv_used_tokens_peak")
+        console.print(
+            f"/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
+            + (f", KV used peak {peak:,.0f} tokens" if peak is not None else "")
+        )
+    for r in outcome.reconciliation:
+        if r.exact:
+            verdict = "[green]exact[/]"
+        elif r.exact is None:
+            verdict = "[dim]not checkable[/]"
+        else:
+            verdict = f"[red]differs by {r.difference:+,.0f}[/]"
+        console.print(
+            f"reconcile {r.counter}: requests {_n(r.requests_sum)} vs engine "
+            f"{_n(r.engine_delta)}: {verdict}"
+            + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
+        )
     console.print(f"run directory: {outcome.run_dir}")
     if outcome.mlflow_run_id:
         console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
@@ -127,6 +146,10 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             "" if outcome.run_dir.parent.name == "runs" else f" --runs-dir {outcome.run_dir.parent}"
         )
         console.print(f"browse: kvscope ui{extra}")
+
+
+def _n(value: float | None) -> str:
+    return "null" if value is None else f"{value:,.0f}"
 
 
 def _cells(s: AgentSummary) -> list[str]:

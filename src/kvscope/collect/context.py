@@ -4,24 +4,14 @@ Under concurrency these are context, not ownership: the cache used before and af
 includes every other request in flight.
 """
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvscope.collect.series import nearest
 from kvscope.schema import RequestRecord
 
 Series = Mapping[str, Sequence[tuple[int, float]]]  # kvscope name -> (timestamp_ns, value), sorted
-
-
-def at(points: Sequence[tuple[int, float]], t_ns: int, side: str) -> float | None:
-    """The sample at or before (side="before") / at or after ("after") t_ns, or None."""
-    times = [t for t, _ in points]
-    if side == "before":
-        i = bisect.bisect_right(times, t_ns) - 1
-        return points[i][1] if i >= 0 else None
-    i = bisect.bisect_left(times, t_ns)
-    return points[i][1] if i < len(points) else None
 
 
 def with_context(row: dict[str, Any], series: Series) -> dict[str, Any]:
@@ -33,12 +23,12 @@ def with_context(row: dict[str, Any], series: Series) -> dict[str, Any]:
         return None if v is None else round(v)
 
     return row | {
-        "cache_used_tokens_before": as_int(at(used, start, "before")),
-        "cache_used_tokens_after": as_int(at(used, end, "after")),
-        "cache_utilization_before": at(usage, start, "before"),
-        "cache_utilization_after": at(usage, end, "after"),
-        "running_requests": as_int(at(series.get("running_requests", ()), start, "before")),
-        "queued_requests": as_int(at(series.get("queued_requests", ()), start, "before")),
+        "cache_used_tokens_before": as_int(nearest(used, start, "before")),
+        "cache_used_tokens_after": as_int(nearest(used, end, "after")),
+        "cache_utilization_before": nearest(usage, start, "before"),
+        "cache_utilization_after": nearest(usage, end, "after"),
+        "running_requests": as_int(nearest(series.get("running_requests", ()), start, "before")),
+        "queued_requests": as_int(nearest(series.get("queued_requests", ()), start, "before")),
     }
 
 

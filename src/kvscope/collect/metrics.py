@@ -54,7 +54,7 @@ class ScrapeSummary:
     rows: int
     duration_s: float  # start() to stop()
     samples_per_s: float  # successful scrapes per second of duration
-    skipped_ticks: int  # deadlines passed over because a scrape ran past its interval
+    skipped_ticks: int  # whole intervals lost because scrapes ran past their deadline
 
 
 class _Columns:
@@ -200,10 +200,13 @@ class MetricsScraper:
             self._first.set()
             deadline += self.interval_s
             now = time.monotonic()
-            if now > deadline:  # overran: skip the missed ticks rather than burst to catch up
-                missed = math.ceil((now - deadline) / self.interval_s)
-                self._skipped += missed
-                deadline += missed * self.interval_s
+            behind = now - deadline
+            if behind > 2 * self.interval_s:
+                # Far behind (engine stalled): drop the missed ticks instead of a long catch-up.
+                self._skipped += math.floor(behind / self.interval_s)
+                deadline = now
+            # Slightly behind (a busy engine answered slowly): the next scrape starts at once,
+            # one after another, so the long-run rate stays 1 / interval.
             self._stop.wait(deadline - now)
 
     def _scrape(self) -> None:

@@ -138,6 +138,11 @@ class Engine(ABC):
     def launch(self) -> Launch | None:
         """The command to start the engine, or None when kvscope attaches to a running one."""
 
+    @classmethod
+    def server_timings(cls, final_chunk: dict[str, Any] | None) -> dict[str, float | None] | None:
+        """queue_ms / prefill_ms / decode_ms the engine reported for one request, if it does."""
+        return None
+
     def request_tags(
         self, request_uuid: str, agent_id: str
     ) -> tuple[dict[str, Any], dict[str, str]]:

@@ -134,6 +134,19 @@ class VllmEngine(Engine):
         }
         return Launch(tuple(argv), tuple(env.items()))
 
+    @classmethod
+    def server_timings(cls, final_chunk: dict[str, Any] | None) -> dict[str, float | None] | None:
+        # --enable-per-request-metrics: queued->scheduled, scheduled->first token (prefill),
+        # first->last token (decode), measured by the engine core.
+        metrics = (final_chunk or {}).get("metrics")
+        if not isinstance(metrics, dict):
+            return None
+        return {
+            "queue_ms": metrics.get("queue_time_ms"),
+            "prefill_ms": metrics.get("time_to_first_token_ms"),
+            "decode_ms": metrics.get("generation_time_ms"),
+        }
+
     def request_tags(
         self, request_uuid: str, agent_id: str
     ) -> tuple[dict[str, Any], dict[str, str]]:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 
+from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
 from kvscope.schema import (
     STATUS_ERROR,
@@ -44,6 +45,7 @@ class _Stream:
     last_token: float | None = None
     content: str = ""
     usage: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None  # the usage chunk, with any engine extras
     finish_reason: str | None = None
     response_id: str | None = None
 
@@ -112,6 +114,7 @@ class Probe:
             error_message = _short(f"{type(err).__name__}: {err}")
         t_end = time.perf_counter()
         record = self._record(ids, request_uuid, prompt, seen, t0, t_end, start_ns, tool_ms)
+        record = with_server_timings(record, self.engine.server_timings(seen.final))
         if status != STATUS_OK:
             record = replace(
                 record, status=status, error_type=error_type, error_message=error_message
@@ -204,6 +207,7 @@ def _take(s: _Stream, chunk: dict[str, Any], now: float) -> None:
             s.finish_reason = choice["finish_reason"]
     if chunk.get("usage"):
         s.usage = chunk["usage"]
+        s.final = chunk
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -56,7 +56,8 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     calls.set_ylabel("workflow")
     calls.set_xlabel("seconds")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in AGENT_COLORS.values()]
-    calls.legend(handles, AGENT_COLORS, loc="upper right", fontsize=8, ncols=4)
+    calls.legend(handles, AGENT_COLORS, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                 ncols=4, frameon=False)  # above the lanes, never over a bar  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
