@@ -21,6 +21,7 @@ from kvscope.collect.metrics import MetricsScraper, ScrapeSummary
 from kvscope.collect.series import counter_delta
 from kvscope.config import ExperimentConfig, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
+from kvscope.engines.base import Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import running
 from kvscope.errors import ConfigError
@@ -135,7 +136,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
             raise
         failure = err
     outcome = _close(
-        run_id, run_dir, results, tracking, scraper, hooks, failure, cfg.tracking.traces
+        run_id, run_dir, results, tracking, scraper, engine, hooks, failure, cfg.tracking.traces
     )
     if isinstance(failure, KeyboardInterrupt):
         raise failure
@@ -173,6 +174,7 @@ def _close(
     results: list[peer.WorkflowResult],
     tracking: TrackingRun,
     scraper: MetricsScraper | None,
+    engine: Engine,
     hooks: Hooks,
     failure: BaseException | None,
     traces: bool,
@@ -185,6 +187,9 @@ def _close(
         scraper.write(run_dir / "metrics.parquet")
         series = scraper.kvscope_series()
         table = [with_context(r, series) for r in table]
+    exported = engine.exported_timings()  # SGLang: its request-metrics export, by rid
+    if exported:
+        table = [_with_exported(r, exported.get(r["request_uuid"])) for r in table]
     store.write_requests(run_dir, table)
     rows = len(table)
     agents, total = per_agent(table), overall(table)
@@ -220,6 +225,12 @@ def _close(
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
                       scraper.summary() if scraper else None, server)  # fmt: skip
+
+
+def _with_exported(row: dict[str, Any], timings: dict[str, float | None] | None) -> dict[str, Any]:
+    if not timings:
+        return row
+    return row | {k: v for k, v in timings.items() if v is not None and row.get(k) is None}
 
 
 def _server_summary(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:

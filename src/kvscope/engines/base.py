@@ -138,6 +138,10 @@ class Engine(ABC):
     def launch(self) -> Launch | None:
         """The command to start the engine, or None when kvscope attaches to a running one."""
 
+    def exported_timings(self) -> dict[str, dict[str, float | None]]:
+        """request id -> server timings from files the engine wrote during the run (if any)."""
+        return {}
+
     @classmethod
     def server_timings(cls, final_chunk: dict[str, Any] | None) -> dict[str, float | None] | None:
         """queue_ms / prefill_ms / decode_ms the engine reported for one request, if it does."""

@@ -158,6 +158,17 @@ class SglangEngine(Engine):
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
         return {"rid": request_uuid, "session_id": agent_id}, {LABEL_HEADER: labels}
 
+    def exported_timings(self) -> dict[str, dict[str, float | None]]:
+        """From --export-metrics-to-file: rid -> queue / prefill / decode ms (the rid is ours)."""
+        out: dict[str, dict[str, float | None]] = {}
+        folder = self.output_dir / "request_metrics"
+        for path in sorted(folder.glob("sglang-request-metrics-*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                rid, timings = export_line_timings(line)
+                if rid:
+                    out[rid] = timings
+        return out
+
     def preflight(self) -> None:
         c = self.config
         if c.url:
@@ -211,3 +222,26 @@ class SglangEngine(Engine):
             "block_size": int(page) if page is not None else None,
             "kv_cache_dtype": None,  # not in SGLang's metrics; see the launch command
         }
+
+
+def export_line_timings(line: str) -> tuple[str | None, dict[str, float | None]]:
+    """One request-metrics export line -> (rid, timings in ms). Malformed lines give (None, {})."""
+    try:
+        rec = json.loads(line)
+        params = json.loads(rec.get("request_parameters") or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return None, {}
+    rid = params.get("rid") if isinstance(params, dict) else None
+    rid = rid if isinstance(rid, str) else rec.get("id")
+
+    def ms(a: str, b: str) -> float | None:
+        x, y = rec.get(a), rec.get(b)
+        return None if x is None or y is None else (y - x) * 1000
+
+    queue = rec.get("queue_time")
+    return rid, {
+        "queue_ms": None if queue is None else queue * 1000,
+        # scheduler: entered the forward pass -> prefill done; then -> the request finished
+        "prefill_ms": ms("forward_entry_time", "prefill_finished_time"),
+        "decode_ms": ms("prefill_finished_time", "request_finished_ts"),
+    }
