@@ -16,6 +16,7 @@ import yaml
 from kvscope import environment, store
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
 from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.analysis.server_agents import per_agent_server
 from kvscope.collect.context import with_context
 from kvscope.collect.metrics import MetricsScraper, ScrapeSummary
 from kvscope.collect.series import counter_delta
@@ -57,6 +58,7 @@ class RunOutcome:
     reconciliation: list[Reconciliation] = field(default_factory=list)
     scrape: ScrapeSummary | None = None
     server: dict[str, float] = field(default_factory=dict)  # run-level /metrics summaries
+    server_agents: dict[str, dict[str, float]] = field(default_factory=dict)  # SGLang agent label
 
 
 def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutcome:
@@ -183,9 +185,11 @@ def _close(
     hooks.on_stage("writing the request table")
     table, skipped = store.read_jsonl(run_dir / store.REQUESTS_JSONL)
     series: dict[str, list[tuple[int, float]]] = {}
+    server_agents: dict[str, dict[str, float]] = {}
     if scraper is not None:
         scraper.write(run_dir / "metrics.parquet")
         series = scraper.kvscope_series()
+        server_agents = per_agent_server(scraper.table().to_pylist())
         table = [with_context(r, series) for r in table]
     exported = engine.exported_timings()  # SGLang: its request-metrics export, by rid
     if exported:
@@ -200,6 +204,7 @@ def _close(
         timeline.plot(table, series, run_dir / "timeline.png", f"{run_id}: KV cache and calls")
     summary = {
         "agents": [asdict(a) for a in agents], "total": asdict(total), "server": server,
+        "server_agents": server_agents,
         "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
     }  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -207,6 +212,7 @@ def _close(
     tracking.log_metrics({
         **_metrics(agents, total),
         **{f"server.{k}": v for k, v in server.items()},
+        **{f"server.{a}.{k}": v for a, view in server_agents.items() for k, v in view.items()},
         **{f"reconcile.{r.counter}.difference": r.difference for r in recon
            if r.difference is not None},
         "workflows_run": float(len(results)),
@@ -224,7 +230,7 @@ def _close(
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
-                      scraper.summary() if scraper else None, server)  # fmt: skip
+                      scraper.summary() if scraper else None, server, server_agents)  # fmt: skip
 
 
 def _with_exported(row: dict[str, Any], timings: dict[str, float | None] | None) -> dict[str, Any]:

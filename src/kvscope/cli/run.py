@@ -116,6 +116,16 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             f"/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
             + (f", KV used peak {peak:,.0f} tokens" if peak is not None else "")
         )
+    if outcome.server_agents:
+        view = Table(title="the engine's own per-agent view (metric label `agent`)",
+                     title_justify="left")  # fmt: skip
+        for i, head in enumerate(("agent", "prompt tokens", "cached tokens", "TTFT mean ms",
+                                  "e2e mean ms")):  # fmt: skip
+            view.add_column(head, justify="left" if i == 0 else "right")
+        for agent, v in sorted(outcome.server_agents.items()):
+            view.add_row(agent, _n(v.get("prompt_tokens")), _n(v.get("cached_tokens")),
+                         _n(v.get("ttft_mean_ms")), _n(v.get("e2e_mean_ms")))  # fmt: skip
+        console.print(view)
     for r in outcome.reconciliation:
         if r.exact:
             verdict = "[green]exact[/]"

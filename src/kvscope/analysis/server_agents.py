@@ -1,0 +1,53 @@
+"""The engine's own per-agent view: SGLang's tokenizer metrics labelled `agent` (kvscope sends the
+agent as the x-custom-labels header), over the run, to set beside the client's per-agent numbers."""
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from kvscope.collect.series import counter_delta
+
+COUNTERS = {"prompt_tokens_total": "prompt_tokens", "cached_tokens_total": "cached_tokens"}
+LATENCIES = {"ttft_seconds": "ttft_mean_ms", "e2e_seconds": "e2e_mean_ms"}
+
+
+def _part(row: dict[str, Any]) -> str | None:
+    name, metric = row.get("kvscope_name"), row["metric_name"]
+    if name in COUNTERS:
+        return "total"
+    if name in LATENCIES and metric.endswith(("_sum", "_count")):
+        return metric.rsplit("_", 1)[1]  # Prometheus histogram parts
+    return None
+
+
+def per_agent_server(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """agent -> {prompt_tokens, cached_tokens, ttft_mean_ms, e2e_mean_ms} from the /metrics series
+    rows (metrics.parquet); empty when the engine labels nothing by agent (vLLM)."""
+    points: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        part = _part(row)
+        if part is not None:
+            points[(row["kvscope_name"], part, row["labels"])].append(
+                (row["timestamp_ns"], row["value"])
+            )
+    first = min((t for pts in points.values() for t, _ in pts), default=0)
+    deltas: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
+    for (name, part, labels), pts in points.items():
+        agent = json.loads(labels).get("agent")
+        if not agent:
+            continue
+        pts = sorted(pts)
+        if pts[0][0] > first:
+            # A labelled counter appears at its first increment: before that it was 0.
+            pts.insert(0, (first, 0.0))
+        deltas[agent][(name, part)] += counter_delta(v for _, v in pts) or 0.0
+    out: dict[str, dict[str, float]] = {}
+    for agent, parts in deltas.items():
+        view = {COUNTERS[name]: v for (name, part), v in parts.items() if part == "total"}
+        for name, column in LATENCIES.items():
+            count = parts.get((name, "count"))
+            if count:
+                view[column] = parts[(name, "sum")] / count * 1000
+        out[agent] = view
+    return out

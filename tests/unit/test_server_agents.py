@@ -1,0 +1,57 @@
+"""SGLang's per-agent server view, from two real SGLang scrapes (recorded fixtures)."""
+
+import json
+import re
+
+import pytest
+from helpers import ROOT
+
+from kvscope.analysis.server_agents import per_agent_server
+from kvscope.engines.detect import parse_metrics
+from kvscope.engines.sglang import SglangEngine
+from kvscope.engines.vllm import VllmEngine
+
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "sglang-0.5.23"
+SCRAPES = ("metrics_tokenizer_and_scheduler.prom", "metrics_tokenizer_and_scheduler.later.prom")
+
+
+def series_rows(engine: type, texts: list[str]) -> list[dict]:
+    """Rows as the scraper writes them (metric_name, labels JSON, value, kvscope_name)."""
+    rows = []
+    for t, text in enumerate(texts):
+        for family in parse_metrics(text):
+            for s in family.samples:
+                rows.append({
+                    "timestamp_ns": t, "metric_name": s.name, "value": s.value,
+                    "labels": json.dumps(s.labels, sort_keys=True),
+                    "kvscope_name": engine.kvscope_name(s.name, s.labels),
+                })  # fmt: skip
+    return rows
+
+
+def agent_total(text: str, sample: str, agent: str) -> float:
+    pattern = rf'^{re.escape(sample)}\{{[^}}]*agent="{agent}"[^}}]*\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, flags=re.M))
+
+
+def test_sglang_agent_labels_over_the_run() -> None:
+    if not FIXTURES.exists():
+        pytest.skip(f"SGLang fixtures not found at {FIXTURES}")
+    before, after = [(FIXTURES / name).read_text() for name in SCRAPES]
+    view = per_agent_server(series_rows(SglangEngine, [before, after]))
+    assert set(view) == {"planner", "executor", "expresser", "reviewer"}
+    for agent, got in view.items():
+        for sample, column in (("sglang:cached_tokens_total", "cached_tokens"),
+                               ("sglang:prompt_tokens_total", "prompt_tokens")):  # fmt: skip
+            expected = agent_total(after, sample, agent) - agent_total(before, sample, agent)
+            assert got[column] == pytest.approx(expected)
+        s = "sglang:time_to_first_token_seconds"
+        d_sum = agent_total(after, s + "_sum", agent) - agent_total(before, s + "_sum", agent)
+        d_count = agent_total(after, s + "_count", agent) - agent_total(before, s + "_count", agent)
+        assert d_count > 0
+        assert got["ttft_mean_ms"] == pytest.approx(d_sum / d_count * 1000)
+
+
+def test_vllm_has_no_per_agent_view() -> None:
+    text = (ROOT / "tests" / "fixtures" / "vllm-0.32.0" / "metrics.prom").read_text()
+    assert per_agent_server(series_rows(VllmEngine, [text, text])) == {}
