@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
+from prometheus_client.metrics_core import Metric
 
 from kvscope import environment, store
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
@@ -145,9 +147,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
     return outcome
 
 
-def _metric_families(url: str | None) -> list:
-    import httpx
-
+def _metric_families(url: str | None) -> list[Metric]:
     with httpx.Client(timeout=10) as client:
         return fetch_metrics(client, url) or []
 

@@ -71,9 +71,7 @@ def convert(run_dir: Path) -> tuple[Path, int, int]:
     if not source.exists():
         raise KvscopeError(f"{run_dir} has no {REQUESTS_JSONL}: not a kvscope run directory")
     rows, bad = read_jsonl(source)
-    target = run_dir / REQUESTS_PARQUET
-    pq.write_table(to_table(rows), target)
-    return target, len(rows), bad
+    return write_requests(run_dir, rows), len(rows), bad
 
 
 def write_requests(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
