@@ -26,6 +26,8 @@ class CallIds:
 class PromptInfo:
     template_version: str
     layout: str  # shared-first | role-first | synthetic
+    sharing: str | None = None  # RQ5 sharing mode (tasks mode)
+    fixed_messages: int = 1  # leading messages identical on every call of this agent
 
 
 @dataclass(frozen=True)
