@@ -110,6 +110,9 @@ class WorkloadConfig(BaseModel):
     seed: int = 0
     synthetic: SyntheticConfig = SyntheticConfig()
     request_timeout_s: float = Field(120.0, gt=0)
+    store_prompts: bool = Field(
+        False, description="Keep each call's raw messages and serialized prompt text (opt-in)."
+    )
 
 
 class TrackingConfig(BaseModel):
