@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from kvscope.collect.kv_events import receive, replay, subscriber
 from kvscope.config import EngineConfig
 from kvscope.engines import make_engine
-from kvscope.engines.detect import kv_subscriber, receive, replay
 from kvscope.engines.runtime import running
 from kvscope.engines.vllm import VERSION
 
@@ -37,7 +37,7 @@ def main() -> None:
         ep = handle.endpoints
         base = ep.base_url
         frames: list[dict[str, object]] = []
-        with httpx.Client(timeout=120) as client, kv_subscriber(ep.kv_events, True) as sock:
+        with httpx.Client(timeout=120) as client, subscriber(ep.kv_events, True) as sock:
             time.sleep(0.5)
             (OUT / "models.json").write_text(client.get(f"{base}/v1/models").text)
             order = ["planner", "executor", "planner", "expresser", "reviewer", "planner"]

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from helpers import CAPACITY, Up
 
-from kvscope.engines.detect import fetch_metrics, kv_subscriber, receive, replay
+from kvscope.collect.kv_events import receive, replay, subscriber
+from kvscope.engines.detect import fetch_metrics
 from kvscope.engines.vllm import VllmEngine
 
 pytestmark = pytest.mark.engine
@@ -74,25 +75,25 @@ def test_shared_system_prompt_is_reused_and_counted(up: Up) -> None:
 def test_kv_events_arrive_on_the_zmq_socket(up: Up) -> None:
     ep = up.state["endpoints"]
     started = time.time()
-    with kv_subscriber(ep["kv_events"], ep["kv_events_subscriber_binds"]) as sock:
+    with subscriber(ep["kv_events"], ep["kv_events_subscriber_binds"]) as sock:
         time.sleep(0.5)
         # A publisher may drop its first batch after a subscriber joins; the second one is live.
         chat(up.base, f"[{uuid.uuid4()}] {SHARED}", "Hi.", session_id="warmup")
         usage = chat(up.base, f"[{uuid.uuid4()}] {SHARED}", "Hi.", session_id="planner")
         live = receive(sock, 5.0)
-    stored = [e for _, _, ev in live for e in ev if e.get("type") == "BlockStored"]
-    mine = [e for e in stored if e.get("session_id") == "planner"]
+    stored = [e for b in live for e in b.events if e.kind == "stored"]
+    mine = [e for e in stored if e.session_id == "planner"]
     assert mine, f"no live BlockStored for the planner request; got {stored}"
-    blocks = sum(len(e["block_hashes"]) for e in mine)
-    assert all(e["block_size"] == 128 for e in mine)
-    assert sum(len(e["token_ids"]) for e in mine) == blocks * 128
+    blocks = sum(len(e.block_hashes) for e in mine)
+    assert all(e.block_size == 128 for e in mine)
+    assert sum(len(e.token_ids) for e in mine) == blocks * 128
     assert blocks == usage["prompt_tokens"] // 128  # every full block of the prompt was stored
     # Everything published is also in the replay buffer, with gap-free sequence numbers.
     batches = replay(ep["kv_events_replay"])
-    seqs = [seq for seq, _, _ in batches]
+    seqs = [b.seq for b in batches]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-    recent = [e for _, ts, ev in batches if ts >= started - 1 for e in ev]
-    assert any(e.get("session_id") == "warmup" for e in recent)
+    recent = [e for b in batches if b.ts_ns >= (started - 1) * 1e9 for e in b.events]
+    assert any(e.session_id == "warmup" for e in recent)
 
 
 def test_engine_check_command(up: Up) -> None:

@@ -13,9 +13,10 @@ import pytest
 import zmq
 from helpers import VLLM_FIXTURES, free_port
 
+from kvscope.collect.kv_events import decode
 from kvscope.engines import METRIC_FAMILIES
 from kvscope.engines.base import Endpoints
-from kvscope.engines.detect import decode_frames, detect
+from kvscope.engines.detect import detect
 from kvscope.errors import EngineError
 
 
@@ -129,9 +130,9 @@ def run(stand_in: StandIn, kv: bool = True) -> object:
 
 
 def test_recorded_frames_decode() -> None:
-    types = [e["type"] for f in recorded_frames() for e in decode_frames(f)[2]]
-    assert types.count("BlockStored") >= 4
-    assert "BlockRemoved" in types and "AllBlocksCleared" in types
+    kinds = [e.kind for f in recorded_frames() for e in decode(f).events]
+    assert kinds.count("stored") >= 4
+    assert "removed" in kinds and "cleared" in kinds
 
 
 def test_everything_reported() -> None:

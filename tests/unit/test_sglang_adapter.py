@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from kvscope.collect.kv_events import decode, signed64
 from kvscope.config import EngineConfig, EvictionPolicy
-from kvscope.engines.detect import decode_frames, parse_metrics, reports_cached_tokens
+from kvscope.engines.detect import parse_metrics, reports_cached_tokens
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
@@ -247,9 +248,18 @@ def test_kv_event_frames_decode(fixtures: Path, name: str) -> None:
     assert len(frames) == len(expected)
     types: Counter[str] = Counter()
     for message, want in zip(frames, expected, strict=True):
-        seq, ts, events = decode_frames(message)
-        assert (seq, ts, events) == (want["seq"], want["payload"]["ts"], want["payload"]["events"])
-        types.update(e["type"] for e in events)
+        batch = decode(message)
+        assert batch.seq == want["seq"]
+        assert batch.ts_ns == round(want["payload"]["ts"] * 1e9)
+        assert len(batch.events) == len(want["payload"]["events"])
+        for got, raw in zip(batch.events, want["payload"]["events"], strict=True):
+            assert got.kind == {"BlockStored": "stored", "BlockRemoved": "removed"}.get(
+                raw["type"], "cleared"
+            )
+            assert list(got.block_hashes) == [signed64(h) for h in raw.get("block_hashes", [])]
+            assert list(got.token_ids) == raw.get("token_ids", [])
+            assert got.session_id == raw.get("session_id")
+        types.update(e["type"] for e in want["payload"]["events"])
     # Counts from the fixtures' README.
     assert types == {"AllBlocksCleared": 2, "BlockStored": 50, "BlockRemoved": 11}
 

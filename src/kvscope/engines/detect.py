@@ -3,15 +3,14 @@
 import json
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import httpx
-import msgpack
 import zmq
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.collect.kv_events import EventBatch, receive, replay, subscriber
 from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.errors import EngineError
 
@@ -87,78 +86,8 @@ def reports_cached_tokens(usage: dict | None) -> bool:
     return isinstance(details, dict) and isinstance(details.get("cached_tokens"), int)
 
 
-@contextmanager
-def kv_subscriber(endpoint: str, bind: bool) -> Iterator[zmq.Socket]:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    try:
-        if bind:
-            sock.bind(endpoint)
-        else:
-            sock.connect(endpoint)
-        yield sock
-    finally:
-        sock.close()
-
-
-def decode_frames(frames: Sequence[bytes]) -> tuple[int, float, list]:
-    """[topic, 8-byte big-endian seq, msgpack [ts, events, dp_rank]] -> (seq, ts, events)."""
-    if len(frames) != 3:
-        raise ValueError(f"expected 3 frames, got {len(frames)}")
-    seq = int.from_bytes(frames[1], "big", signed=True)
-    batch = msgpack.unpackb(frames[2], raw=False, strict_map_key=False)
-    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        raise ValueError("payload is not a KV event batch [ts, events, ...]")
-    return seq, float(batch[0]), batch[1]
-
-
-Batch = tuple[int, float, list]  # (seq, ts, events)
-
-
-def receive(sock: zmq.Socket, timeout_s: float) -> list[Batch]:
-    """Batches until `timeout_s` passes, or 100 ms of quiet once something arrived."""
-    batches: list[Batch] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if sock.poll(100):
-            try:
-                batches.append(decode_frames(sock.recv_multipart()))
-            except ValueError:
-                continue
-        elif batches:
-            break
-    return batches
-
-
-def wait_for_events(sock: zmq.Socket, timeout_s: float) -> list:
-    return [e for _, _, events in receive(sock, timeout_s) for e in events]
-
-
-def replay(endpoint: str, start_seq: int = 0, timeout_s: float = 3.0) -> list[Batch]:
-    """Batches from seq `start_seq` on, from the engine's replay (ROUTER) socket."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    out: list[Batch] = []
-    try:
-        sock.connect(endpoint)
-        sock.send_multipart([b"", start_seq.to_bytes(8, "big")])
-        while sock.poll(int(timeout_s * 1000)):
-            frames = sock.recv_multipart()[1:]  # drop the empty delimiter
-            if len(frames) == 3 and int.from_bytes(frames[1], "big", signed=True) == -1:
-                break  # end-of-replay marker
-            try:
-                out.append(decode_frames(frames))
-            except ValueError:
-                continue
-    finally:
-        sock.close()
-    return out
-
-
-def _stored(events: list) -> bool:
-    return any(isinstance(e, dict) and e.get("type") == "BlockStored" for e in events)
+def _stored(batches: list[EventBatch]) -> bool:
+    return any(e.kind == "stored" for b in batches for e in b.events)
 
 
 def detect(
@@ -178,18 +107,18 @@ def detect(
         kv_events: bool | None = None
         if endpoints.kv_events:
             try:
-                with kv_subscriber(endpoints.kv_events, endpoints.kv_events_subscriber_binds) as s:
+                with subscriber(endpoints.kv_events, endpoints.kv_events_subscriber_binds) as s:
                     time.sleep(0.5)  # let the PUB/SUB link form before anything is published
                     sent = time.time()
                     usage = stream_usage(client, endpoints.base_url, models[0], prompt)
-                    kv_events = _stored(wait_for_events(s, kv_wait_s))
+                    kv_events = _stored(receive(s, kv_wait_s))
             except zmq.ZMQError as err:
                 raise EngineError(f"KV events endpoint {endpoints.kv_events}: {err}") from None
             if not kv_events and endpoints.kv_events_replay:
                 # A publisher's first batch after a subscriber joins can be dropped on the live
                 # socket (seen on vLLM); its replay buffer still holds it.
                 batches = replay(endpoints.kv_events_replay)
-                kv_events = any(ts >= sent - 1 and _stored(ev) for _, ts, ev in batches)
+                kv_events = _stored([b for b in batches if b.ts_ns >= (sent - 1) * 1e9])
                 if kv_events:
                     notes.append("KV events: the probe's batch came only through replay")
             if not kv_events:

@@ -8,14 +8,11 @@ from typing import Any
 
 import httpx
 
+from kvscope.collect.kv_events import EventBatch, receive, replay, subscriber
 from kvscope.engines.base import Endpoints, Engine
 from kvscope.engines.detect import (
-    Batch,
     fetch_metrics,
-    kv_subscriber,
     list_models,
-    receive,
-    replay,
     stream_usage,
 )
 
@@ -61,11 +58,11 @@ def run(engine: type[Engine], endpoints: Endpoints, nonce: str | None = None) ->
     with httpx.Client(timeout=300) as client:
         model = list_models(client, endpoints.base_url)[0]
         before = engine.counters(fetch_metrics(client, endpoints.metrics_url) or [])
-        batches: list[Batch] = []
+        batches: list[EventBatch] = []
         started = time.time()
         calls = []
         listen = (
-            kv_subscriber(endpoints.kv_events, endpoints.kv_events_subscriber_binds)
+            subscriber(endpoints.kv_events, endpoints.kv_events_subscriber_binds)
             if endpoints.kv_events
             else nullcontext(None)
         )
@@ -83,18 +80,21 @@ def run(engine: type[Engine], endpoints: Endpoints, nonce: str | None = None) ->
                 batches = receive(sock, 3.0)
         via_replay = 0
         if endpoints.kv_events_replay:
-            seen = {seq for seq, _, _ in batches}
-            missed = [b for b in replay(endpoints.kv_events_replay) if b[0] not in seen]
-            missed = [b for b in missed if b[1] >= started - 1]
+            seen = {b.seq for b in batches}
+            missed = [b for b in replay(endpoints.kv_events_replay) if b.seq not in seen]
+            missed = [b for b in missed if b.ts_ns >= (started - 1) * 1e9]
             via_replay = len(missed)
             batches += missed
         after = engine.counters(fetch_metrics(client, endpoints.metrics_url) or [])
-    events = [e for _, _, ev in batches for e in ev if isinstance(e, dict)]
-    types = Counter(e.get("type", "?") for e in events)
+    events = [e for b in batches for e in b.events]
+    types = Counter(_TYPES[e.kind] for e in events)
     blocks: Counter[str] = Counter()
     for e in events:
-        blocks[e.get("type", "?")] += len(e.get("block_hashes") or ())
+        blocks[_TYPES[e.kind]] += len(e.block_hashes)
     return SmokeResult(model, tuple(calls), before, after, dict(types), dict(blocks), via_replay)
+
+
+_TYPES = {"stored": "BlockStored", "removed": "BlockRemoved", "cleared": "AllBlocksCleared"}
 
 
 def _call(question: str, usage: dict[str, Any] | None, seconds: float) -> Call:
