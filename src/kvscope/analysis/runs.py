@@ -1,0 +1,208 @@
+"""Across runs: prompt layout (RQ3), cache pressure (RQ4) and cross-agent sharing (RQ5).
+
+Each function takes several request tables, one per run, and stacks the per-agent views with
+the run's label or parameters in front. Every agent view has an "all" row (the run as a whole).
+Ratios follow `kvscope.analysis.turns`: successful calls with both token counts measured.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, agent_key, agent_order, query
+
+ALL = "all"
+SHARING_ORDER = ("none", "system", "task", "documents", "branch")
+UNKNOWN = "unknown"
+LOSS_THRESHOLD = 0.9
+
+_EXTRA = """,
+  CAST(sum(cached_cross_agent_tokens) FILTER (WHERE status = 'ok') AS BIGINT)
+    AS cached_cross_agent_tokens,
+  avg(first_divergence_previous_agent) FILTER (WHERE status = 'ok')
+    AS first_divergence_previous_agent_mean,
+  avg(max_reusable_tokens) FILTER (WHERE status = 'ok') AS max_reusable_tokens_mean,
+  avg(prompt_tokens) FILTER (WHERE status = 'ok') AS prompt_tokens_mean"""
+
+
+def _per_agent(requests: pa.Table, keys: str = "") -> pa.Table:
+    """Per agent (and the run as a whole, agent "all") with CACHE_AGGREGATES and _EXTRA.
+
+    `keys`: extra grouping columns of the request table (e.g. "sharing_mode,").
+    """
+    sql = f"""
+    WITH base AS ({BASE})
+    SELECT {keys} agent_id, {CACHE_AGGREGATES}{_EXTRA} FROM base GROUP BY {keys} agent_id
+    UNION ALL BY NAME
+    SELECT {keys} '{ALL}' AS agent_id, {CACHE_AGGREGATES}{_EXTRA} FROM base
+    {"GROUP BY " + keys.rstrip(", ") if keys else ""}
+    """
+    return query(sql, requests=requests)
+
+
+def _stack(parts: Iterable[tuple[dict[str, Any], pa.Table]], order: str) -> pa.Table:
+    """Concatenate per-run tables, each prefixed with its constant columns, sorted by `order`."""
+    tables = []
+    for consts, table in parts:
+        for i, (name, value) in enumerate(consts.items()):
+            column = pa.array([value] * len(table), _arrow_type(value))
+            table = table.add_column(i, pa.field(name, column.type), column)
+        tables.append(table)
+    if not tables:
+        return pa.table({})
+    stacked = pa.concat_tables(tables, promote_options="permissive")
+    return query(f"SELECT * FROM t ORDER BY {order}", t=stacked)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _arrow_type(value: Any) -> pa.DataType:
+    if value is None:
+        return pa.null()
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    return pa.string()
+
+
+def _agent_last(column: str = "agent_id") -> str:
+    return f"CASE WHEN {column} = '{ALL}' THEN 1 ELSE 0 END, {agent_order(column)}"
+
+
+def layout_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
+    """RQ3: per run and agent, how the prompt layout changed reuse.
+
+    Columns: run, prompt_layout (the run's layouts, comma-joined; "unknown" when unrecorded),
+    agent_id ("all" = the run), calls, failed, measured, prompt_tokens, cached_tokens,
+    weighted_hit_ratio, recompute_burden, ttft_p50_ms, cached_cross_agent_tokens (Level 3; null
+    when not measured), first_divergence_previous_agent_mean, max_reusable_tokens_mean (prompt
+    instrumentation; null when not measured), prompt_tokens_mean.
+    """
+    parts = [
+        ({"run": label, "prompt_layout": _distinct(t, "prompt_layout")}, _per_agent(t))
+        for label, t in runs.items()
+    ]
+    return _stack(parts, f"run, {_agent_last()}")
+
+
+def _distinct(table: pa.Table, column: str) -> str:
+    if column not in table.column_names:
+        return UNKNOWN
+    values = sorted({v for v in table[column].to_pylist() if v is not None})
+    return ",".join(values) or UNKNOWN
+
+
+def pressure_sweep(runs: Sequence[tuple[Mapping[str, Any], pa.Table]]) -> pa.Table:
+    """RQ4: per run and agent, reuse against KV capacity and concurrency.
+
+    `runs`: (params, requests) pairs; params may hold "run" (a label), "kv_capacity_tokens"
+    (the engine's KV capacity in tokens) and "concurrency" (workflows in flight); a missing one
+    is null. Columns: run, kv_capacity_tokens, concurrency, then the `layout_comparison` agent
+    columns from agent_id on. Sorted by concurrency, capacity (largest first), agent.
+    """
+    parts = [
+        (
+            {
+                "run": str(params.get("run", i)),
+                "kv_capacity_tokens": _int(params.get("kv_capacity_tokens")),
+                "concurrency": _int(params.get("concurrency")),
+            },
+            _per_agent(table),
+        )
+        for i, (params, table) in enumerate(runs)
+    ]
+    order = f"concurrency NULLS FIRST, kv_capacity_tokens DESC NULLS FIRST, run, {_agent_last()}"
+    return _stack(parts, order)
+
+
+@dataclass(frozen=True)
+class ReuseLoss:
+    """The agent that loses reuse first along one pressure axis (the other axis fixed)."""
+
+    agent_id: str
+    axis: str  # "kv_capacity_tokens" or "concurrency"
+    at: int  # the least pressure (largest capacity / smallest concurrency) where it drops
+    reference_at: int  # the least-pressure point of the sweep
+    reference_ratio: float
+    ratio: float  # its weighted hit ratio at `at`
+    fixed: int | None  # the other axis's value for this comparison
+
+
+def first_to_lose_reuse(
+    sweep: pa.Table, axis: str = "kv_capacity_tokens", threshold: float = LOSS_THRESHOLD
+) -> list[ReuseLoss]:
+    """RQ4: which agent's reuse drops first as pressure grows, one answer per other-axis value.
+
+    Rule: pressure grows as kv_capacity_tokens falls (or concurrency rises). Each agent's
+    reference is its weighted hit ratio at the least-pressure point of the sweep; the agent
+    "drops" at the least-pressure point where its ratio falls below `threshold` x reference.
+    The agent that drops at the least pressure loses reuse first; a tie goes to the larger
+    relative drop there. Agents with no or zero reference ratio have nothing to lose and are
+    skipped; the "all" rows are ignored. No entry for a group where no agent drops.
+    """
+    other = "concurrency" if axis == "kv_capacity_tokens" else "kv_capacity_tokens"
+    rows = [
+        r
+        for r in sweep.to_pylist()
+        if r["agent_id"] != ALL and r[axis] is not None and r["weighted_hit_ratio"] is not None
+    ]
+    losses = []
+    for fixed in sorted({r[other] for r in rows}, key=lambda v: (v is not None, v or 0)):
+        group = [r for r in rows if r[other] == fixed]
+        loss = _first_loss(group, axis, threshold, fixed)
+        if loss is not None:
+            losses.append(loss)
+    return losses
+
+
+def _first_loss(
+    rows: list[dict[str, Any]], axis: str, threshold: float, fixed: int | None
+) -> ReuseLoss | None:
+    sign = -1 if axis == "kv_capacity_tokens" else 1  # sort key: least pressure first
+    points = sorted({r[axis] for r in rows}, key=lambda v: sign * v)
+    if len(points) < 2:
+        return None
+    ref_at = points[0]
+    candidates = []
+    for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
+        ratio = {r[axis]: r["weighted_hit_ratio"] for r in rows if r["agent_id"] == agent}
+        ref = ratio.get(ref_at)
+        if not ref:
+            continue
+        for rank, at in enumerate(points[1:], 1):
+            if at in ratio and ratio[at] < threshold * ref:
+                candidates.append((rank, -(1 - ratio[at] / ref), agent, at, ref, ratio[at]))
+                break
+    if not candidates:
+        return None
+    _, _, agent, at, ref, got = min(candidates)
+    return ReuseLoss(agent, axis, at, ref_at, ref, got, fixed)
+
+
+def sharing_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
+    """RQ5: per run, sharing mode and agent: what cross-agent prefix sharing bought.
+
+    Columns: run, sharing_mode (the row's mode; "unknown" when not recorded), agent_id ("all" =
+    the mode's rows of that run), then the `layout_comparison` agent columns from calls on.
+    Sorted by mode (none, system, task, documents, branch, then others), run, agent.
+    """
+    whens = " ".join(f"WHEN '{m}' THEN {i}" for i, m in enumerate(SHARING_ORDER))
+    parts = []
+    for label, table in runs.items():
+        modes = query(
+            f"SELECT coalesce(sharing_mode, '{UNKNOWN}') AS sharing_mode, * EXCLUDE (sharing_mode)"
+            " FROM requests",
+            requests=table,
+        )
+        parts.append(({"run": label}, _per_agent(modes, "sharing_mode,")))
+    order = f"CASE sharing_mode {whens} ELSE {len(SHARING_ORDER)} END, sharing_mode, run, " + (
+        _agent_last()
+    )
+    return _stack(parts, order)

@@ -1,0 +1,99 @@
+"""RQ2: how does workflow position affect reuse? One row per ordered pair (from -> to).
+
+Two kinds of pair, told apart by the `kind` column; every call appears once in each kind it has:
+
+- "handoff": the workflow's previous call -> this call, i.e. `previous_agent_id -> agent_id`
+  ("start" when the call opened its workflow). Planner -> Planner is such a pair when the graph
+  runs the Planner twice in a row.
+- "same-agent": this agent's previous call in the same workflow -> this call (the agent coming
+  back to its own prefix a cycle later). A call that is its agent's first in the workflow has no
+  same-agent pair.
+
+The cache numbers of a pair are those of the "to" call (what that call got from the cache):
+
+- calls, failed, measured, prompt_tokens, cached_tokens, weighted_hit_ratio, recompute_burden,
+  ttft_p50_ms: as in `kvscope.analysis.turns` (ratios over successful, measured rows).
+- miss_share = recompute_burden / prompt_tokens: the share of the prompt NOT served from the
+  cache (1 - weighted_hit_ratio).
+- miss_calls: measured calls that got no cached token at all (cached_tokens == 0).
+- shared_prefix_tokens: sum of the prompt prefix the call shares with the "from" call
+  (first_divergence_previous_agent for a handoff, first_divergence_same_agent for a same-agent
+  return), over measured rows where that was instrumented; null when it never was.
+- unserved_shared_prefix_tokens: sum of max(shared prefix - cached_tokens, 0) over the same
+  rows: tokens the "from" call had just computed that this call computed again. Engines cache
+  whole blocks, so up to block_size - 1 tokens per call are expected here even without eviction.
+- gap_ms_p50: median time from the end of the "from" call to the start of this call (the time
+  the prefix had to survive in the cache); null for "start".
+- provenance_calls and the Level-3 provenance sums (cached_self_tokens, ...,
+  uncached_cold_tokens) over successful rows; null when not measured.
+"""
+
+import pyarrow as pa
+
+from kvscope.analysis.turns import (
+    BASE,
+    CACHE_AGGREGATES,
+    agent_key,
+    agent_order,
+    nonneg,
+    provenance_aggregates,
+    query,
+)
+
+START = "start"
+HANDOFF = "handoff"
+SAME_AGENT = "same-agent"
+
+
+def transitions(requests: pa.Table) -> pa.Table:
+    """RQ2 per (kind, from_agent, to_agent); see the module docstring for the columns."""
+    sql = f"""
+    WITH base AS ({BASE}),
+    chained AS (
+      SELECT *,
+        lag(end_ns) OVER (PARTITION BY workflow_run_id ORDER BY start_ns, request_uuid)
+          AS handoff_end_ns,
+        lag(end_ns) OVER (PARTITION BY workflow_run_id, agent_id ORDER BY start_ns, request_uuid)
+          AS same_end_ns
+      FROM base
+    ),
+    pairs AS (
+      SELECT '{HANDOFF}' AS kind, coalesce(previous_agent_id, '{START}') AS from_agent,
+        first_divergence_previous_agent AS shared_prefix,
+        (start_ns - handoff_end_ns) / 1e6 AS gap_ms, *
+      FROM chained
+      UNION ALL BY NAME
+      SELECT '{SAME_AGENT}' AS kind, agent_id AS from_agent,
+        first_divergence_same_agent AS shared_prefix,
+        (start_ns - same_end_ns) / 1e6 AS gap_ms, *
+      FROM chained WHERE same_end_ns IS NOT NULL
+    )
+    SELECT kind, from_agent, agent_id AS to_agent, {CACHE_AGGREGATES},
+      CAST(sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured) AS DOUBLE)
+        / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS miss_share,
+      count(*) FILTER (WHERE measured AND cached_tokens = 0) AS miss_calls,
+      CAST(sum(shared_prefix) FILTER (WHERE measured) AS BIGINT) AS shared_prefix_tokens,
+      CAST(sum({nonneg("shared_prefix - cached_tokens")}) FILTER (WHERE measured) AS BIGINT)
+        AS unserved_shared_prefix_tokens,
+      quantile_cont(gap_ms, 0.5) AS gap_ms_p50,
+    {provenance_aggregates()}
+    FROM pairs
+    GROUP BY kind, from_agent, agent_id
+    ORDER BY kind, CASE from_agent WHEN '{START}' THEN -1 ELSE 0 END,
+      {agent_order("from_agent")}, {agent_order("agent_id")}
+    """
+    return query(sql, requests=requests)
+
+
+def matrix(
+    pairs: pa.Table, value: str = "weighted_hit_ratio", kind: str = HANDOFF
+) -> tuple[list[str], list[str], list[list[float | None]]]:
+    """(from agents, to agents, values[from][to]) of one kind, for a heatmap; None = no pair."""
+    rows = [r for r in pairs.to_pylist() if r["kind"] == kind]
+    froms = list(dict.fromkeys(r["from_agent"] for r in rows))
+    tos = list(dict.fromkeys(r["to_agent"] for r in rows))
+    tos.sort(key=agent_key)
+    cells: list[list[float | None]] = [[None] * len(tos) for _ in froms]
+    for r in rows:
+        cells[froms.index(r["from_agent"])][tos.index(r["to_agent"])] = r[value]
+    return froms, tos, cells

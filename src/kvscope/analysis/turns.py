@@ -1,0 +1,132 @@
+"""RQ1: do agents behave differently, and how does that change across workflow turns?
+
+Every analysis in this package runs over the canonical request table (`kvscope.store.
+load_requests`) and follows the design note's definitions:
+
+- a row counts in a cache ratio only if its call succeeded (status "ok") and both
+  `prompt_tokens` and `cached_tokens` were measured ("measured" rows); a null is "not measured",
+  never 0;
+- weighted hit ratio = sum(cached_tokens) / sum(prompt_tokens) over the measured rows;
+- recompute burden = sum(max(prompt_tokens - cached_tokens, 0)) over the measured rows;
+- latency percentiles are over successful calls, linear interpolation (numpy's default).
+
+This module also holds the small SQL helpers the other analyses share.
+"""
+
+from dataclasses import asdict
+
+import duckdb
+import pyarrow as pa
+
+from kvscope.analysis.agents import AGENT_ORDER, per_agent
+from kvscope.schema import ARROW_SCHEMA, STATUS_OK
+
+# The view every query starts from: the table plus a `measured` flag.
+BASE = f"""
+SELECT *,
+  status = '{STATUS_OK}' AND prompt_tokens IS NOT NULL AND cached_tokens IS NOT NULL AS measured
+FROM requests
+"""
+
+# calls, failed, measured, prompt_tokens, cached_tokens, weighted_hit_ratio, recompute_burden,
+# ttft_p50_ms: the cache aggregates of one group of rows (of BASE).
+CACHE_AGGREGATES = f"""
+  count(*) AS calls,
+  count(*) FILTER (WHERE status <> '{STATUS_OK}') AS failed,
+  count(*) FILTER (WHERE measured) AS measured,
+  CAST(sum(prompt_tokens) FILTER (WHERE measured) AS BIGINT) AS prompt_tokens,
+  CAST(sum(cached_tokens) FILTER (WHERE measured) AS BIGINT) AS cached_tokens,
+  sum(cached_tokens) FILTER (WHERE measured)
+    / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS weighted_hit_ratio,
+  CAST(sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured) AS BIGINT)
+    AS recompute_burden,
+  quantile_cont(ttft_ms, 0.5) FILTER (WHERE status = '{STATUS_OK}') AS ttft_p50_ms
+"""
+
+PROVENANCE = (
+    "cached_self_tokens",
+    "cached_cross_agent_tokens",
+    "cached_cross_workflow_tokens",
+    "cached_unattributed_tokens",
+    "uncached_evicted_tokens",
+    "uncached_layout_tokens",
+    "uncached_cold_tokens",
+)
+
+
+def provenance_aggregates() -> str:
+    """provenance_calls (successful rows with Level-3 provenance) and each provenance sum.
+
+    A sum is null when no successful row of the group has that column measured.
+    """
+    sums = ",\n".join(
+        f"  CAST(sum({c}) FILTER (WHERE status = '{STATUS_OK}') AS BIGINT) AS {c}"
+        for c in PROVENANCE
+    )
+    has = f"status = '{STATUS_OK}' AND cached_self_tokens IS NOT NULL"
+    return f"  count(*) FILTER (WHERE {has}) AS provenance_calls,\n{sums}"
+
+
+def nonneg(expr: str) -> str:
+    """SQL max(expr, 0) that stays null when expr is null (DuckDB's greatest skips nulls)."""
+    return f"CASE WHEN ({expr}) IS NULL THEN NULL ELSE greatest({expr}, 0) END"
+
+
+def agent_order(column: str = "agent_id") -> str:
+    """SQL sort key: PEER order first, then other agents by name."""
+    whens = " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(AGENT_ORDER))
+    return f"CASE {column} {whens} ELSE {len(AGENT_ORDER)} END, {column}"
+
+
+def agent_key(agent: str) -> tuple[int, str]:
+    """Python sort key matching `agent_order`."""
+    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """The table with every canonical column: ones an older run lacks are added as nulls."""
+    for field in ARROW_SCHEMA:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
+
+
+def query(sql: str, **tables: pa.Table) -> pa.Table:
+    """Run `sql` with each keyword table registered under its name (requests are conformed)."""
+    con = duckdb.connect()
+    try:
+        for name, table in tables.items():
+            con.register(name, conform(table) if name == "requests" else table)
+        return con.sql(sql).to_arrow_table()
+    finally:
+        con.close()
+
+
+def agent_summary(requests: pa.Table) -> pa.Table:
+    """RQ1 per agent: `kvscope.analysis.agents.per_agent` as a table (its AgentSummary fields).
+
+    Columns: agent_id, calls, failed, prompt_tokens_p50, cached_tokens_p50,
+    new_prefill_tokens_p50, cached_tokens, new_prefill_tokens (= recompute burden),
+    weighted_hit_ratio, ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, e2e_p50_ms, e2e_p95_ms, tool_ms.
+    """
+    rows = [asdict(s) for s in per_agent(conform(requests).to_pylist())]
+    if rows:
+        return pa.Table.from_pylist(rows)
+    return pa.table({"agent_id": pa.array([], pa.string()), "calls": pa.array([], pa.int64())})
+
+
+def agent_turns(requests: pa.Table) -> pa.Table:
+    """RQ1 per agent x turn: how each agent's reuse changes across PEER cycles.
+
+    Columns: agent_id, turn_id, calls (all rows), failed (status != ok), measured (ok rows with
+    prompt and cached tokens), prompt_tokens, cached_tokens (sums over measured rows),
+    weighted_hit_ratio, recompute_burden, ttft_p50_ms (successful calls).
+    Sorted by PEER agent order, then turn.
+    """
+    sql = f"""
+    SELECT agent_id, turn_id, {CACHE_AGGREGATES}
+    FROM ({BASE})
+    GROUP BY agent_id, turn_id
+    ORDER BY {agent_order()}, turn_id
+    """
+    return query(sql, requests=requests)
