@@ -15,11 +15,12 @@ import httpx
 import yaml
 from prometheus_client.metrics_core import Metric
 
-from kvscope import environment, store
+from kvscope import environment, finalize, store
+from kvscope.analysis import evictions
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
-from kvscope.collect.context import with_context
+from kvscope.collect.kv_events import KvEventListener, summary_dict
 from kvscope.collect.metrics import MetricsScraper, ScrapeSummary
 from kvscope.collect.series import counter_delta
 from kvscope.config import ExperimentConfig, config_hash
@@ -30,8 +31,9 @@ from kvscope.engines.runtime import running
 from kvscope.errors import ConfigError
 from kvscope.probe.client import Probe, RunInfo
 from kvscope.probe.runtime import ProfiledRuntime
+from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.tracing import TraceAudit, Tracer, TrackingRun
-from kvscope.report import timeline
+from kvscope.report import heatmap, timeline
 from kvscope.workload import peer, prompts
 
 
@@ -76,6 +78,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
     results: list[peer.WorkflowResult] = []
     tracking: TrackingRun | None = None
     scraper: MetricsScraper | None = None
+    listener: KvEventListener | None = None
     failure: BaseException | None = None
     hooks.on_stage(f"starting {engine.name}")
     try:
@@ -113,28 +116,49 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
                 chat_template_name=_template_name(env),
             )
             log = store.RequestLog(run_dir / store.REQUESTS_JSONL)
+            chat = _chat_tokenizer(engine)
+            token_log = finalize.TokenLog(run_dir / finalize.TOKENS_JSONL) if chat else None
 
             def sink(record: Any) -> None:
                 log.append(record)
                 hooks.on_call()
 
-            probe = Probe(engine, handle.endpoints.base_url, info,
-                          timeout_s=cfg.workload.request_timeout_s, sink=sink)  # fmt: skip
+            probe = Probe(
+                engine, handle.endpoints.base_url, info,
+                timeout_s=cfg.workload.request_timeout_s, sink=sink, tokens=chat,
+                token_sink=token_log.append if token_log else None,
+                store_prompts=cfg.workload.store_prompts,
+            )  # fmt: skip
             runtime = ProfiledRuntime(probe, Tracer(enabled=cfg.tracking.traces), "peer")
             tokenizer = _tokenizer(engine) if cfg.workload.mode == "synthetic" else None
             if caps.family and caps.metrics and handle.endpoints.metrics_url:
                 scraper = MetricsScraper(
                     ENGINES[caps.family], handle.endpoints.metrics_url, run_id,
                     interval_s=cfg.metrics_interval_s,
+                    instant_path=run_dir / finalize.METRICS_JSONL,
                 )  # fmt: skip
                 scraper.start()  # its first sample precedes the first request
+            ep = handle.endpoints
+            if caps.kv_events and ep.kv_events:
+                listener = KvEventListener(
+                    ep.kv_events, run_dir / finalize.KV_EVENTS_JSONL,
+                    bind=ep.kv_events_subscriber_binds, replay_endpoint=ep.kv_events_replay,
+                )  # fmt: skip
+                listener.start()  # connected before the first request
             hooks.on_stage("running workflows")
             try:
                 results = asyncio.run(_drive(runtime, cfg, run_id, tokenizer, hooks, probe))
             finally:
                 log.close()
+                if token_log is not None:
+                    token_log.close()
                 if scraper is not None:
                     scraper.stop()
+                if listener is not None:
+                    summary = listener.stop()
+                    (run_dir / finalize.KV_SUMMARY).write_text(
+                        json.dumps(summary_dict(summary), indent=2) + "\n"
+                    )
     except (Exception, KeyboardInterrupt) as err:
         if tracking is None:  # nothing was measured yet: nothing to keep
             raise
@@ -165,8 +189,9 @@ async def _drive(runtime: ProfiledRuntime, cfg: ExperimentConfig, run_id: str, t
 
 ARTIFACTS = (
     store.REQUESTS_PARQUET, "config.yaml", "launch_command.txt", "environment.json",
-    store.RUN_JSON, "summary.json", "engine.log", "metrics.parquet", "metrics.gaps.json",
-    "timeline.png",
+    store.RUN_JSON, "summary.json", "engine.log", finalize.METRICS_PARQUET, "metrics.gaps.json",
+    "timeline.png", finalize.KV_EVENTS_PARQUET, finalize.BLOCKS_PARQUET, finalize.KV_SUMMARY,
+    "evictions.png",
 )  # fmt: skip
 
 
@@ -183,19 +208,18 @@ def _close(
 ) -> RunOutcome:
     """Table, summary and MLflow run from whatever was measured (also after a failure)."""
     hooks.on_stage("writing the request table")
-    table, skipped = store.read_jsonl(run_dir / store.REQUESTS_JSONL)
-    series: dict[str, list[tuple[int, float]]] = {}
     server_agents: dict[str, dict[str, float]] = {}
     if scraper is not None:
-        scraper.write(run_dir / "metrics.parquet")
-        series = scraper.kvscope_series()
+        scraper.write(run_dir / finalize.METRICS_PARQUET)
         server_agents = per_agent_server(scraper.table().to_pylist())
-        table = [with_context(r, series) for r in table]
-    exported = engine.exported_timings()  # SGLang: its request-metrics export, by rid
-    if exported:
-        table = [_with_exported(r, exported.get(r["request_uuid"])) for r in table]
-    store.write_requests(run_dir, table)
+    # SGLang: its request-metrics export, by rid
+    tables = finalize.finalize(run_dir, engine.exported_timings())
+    table, skipped, series = tables.rows, tables.skipped_lines, tables.series
     rows = len(table)
+    evicted = evictions.summary(tables.blocks) if tables.kv else {}
+    if tables.kv and tables.blocks:
+        heatmap.plot(evictions.matrix(tables.blocks), run_dir / "evictions.png",
+                     f"{run_id}: evictions")  # fmt: skip
     agents, total = per_agent(table), overall(table)
     counters = {name: [v for _, v in pts] for name, pts in series.items()}
     recon = reconcile(table, counters, counter_delta) if scraper is not None else []
@@ -206,6 +230,13 @@ def _close(
         "agents": [asdict(a) for a in agents], "total": asdict(total), "server": server,
         "server_agents": server_agents,
         "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
+        "kv_events": asdict(tables.kv) if tables.kv else None,
+        "evictions": {
+            "summary": evicted,
+            "matrix": [asdict(c) for c in evictions.matrix(tables.blocks)],
+            "by_transition": [asdict(t) for t in evictions.by_transition(tables.blocks)],
+            "residency": [asdict(r) for r in evictions.residency(tables.blocks)],
+        } if tables.kv else None,
     }  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     hooks.on_stage("logging to MLflow")
@@ -215,6 +246,8 @@ def _close(
         **{f"server.{a}.{k}": v for a, view in server_agents.items() for k, v in view.items()},
         **{f"reconcile.{r.counter}.difference": r.difference for r in recon
            if r.difference is not None},
+        **{f"kv.{k}": v for k, v in evicted.items()},
+        **({"kv.missing_batches": float(tables.kv.missing_batches)} if tables.kv else {}),
         "workflows_run": float(len(results)),
         "workflows_failed": float(sum(not r.ok for r in results)),
         "unparsed_verdicts": float(sum(r.unparsed_verdicts for r in results)),
@@ -231,12 +264,6 @@ def _close(
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
                       scraper.summary() if scraper else None, server, server_agents)  # fmt: skip
-
-
-def _with_exported(row: dict[str, Any], timings: dict[str, float | None] | None) -> dict[str, Any]:
-    if not timings:
-        return row
-    return row | {k: v for k, v in timings.items() if v is not None and row.get(k) is None}
 
 
 def _server_summary(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
@@ -280,6 +307,12 @@ def _tokenizer(engine: Any) -> Any:
     if not path.exists():
         raise ConfigError(f"synthetic mode needs {path}")
     return Tokenizer.from_file(str(path))
+
+
+def _chat_tokenizer(engine: Engine) -> ChatTokenizer | None:
+    """The model's own tokenizer and chat template, where kvscope can read the model folder."""
+    path = engine.model_facts().get("path")
+    return ChatTokenizer.from_model_dir(Path(path)) if path and Path(path).is_dir() else None
 
 
 def _template_name(env: dict[str, Any]) -> str | None:

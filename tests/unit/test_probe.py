@@ -120,7 +120,7 @@ def test_recorded_vllm_stream(server: tuple[Server, str]) -> None:
     assert r.cache_used_tokens_before is None  # server context is joined after the run
     body, _ = srv.received[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["request_id"] == "req-1" and body["session_id"] == "executor"
+    assert body["request_id"] == "req-1" and body["session_id"] == "req-1"
     assert "extra_key" not in body and "cache_salt" not in body
 
 
@@ -128,7 +128,7 @@ def test_sglang_tags(server: tuple[Server, str]) -> None:
     srv, base = server
     call(base, SglangEngine(EngineConfig(kind="sglang")))
     body, headers = srv.received[0]
-    assert body["rid"] == "req-1" and body["session_id"] == "executor"
+    assert body["rid"] == "req-1" and body["session_id"] == "req-1"
     assert json.loads(headers["x-custom-labels"]) == {"agent": "executor"}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
+import pyarrow as pa
 import zmq
 
 Kind = Literal["stored", "removed", "cleared"]
@@ -334,3 +335,48 @@ def events_of(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], 
                 parent_block_hash=e["parent_block_hash"], token_ids=tuple(e["token_ids"]),
                 block_size=e["block_size"], medium=e["medium"], session_id=e["session_id"],
             )  # fmt: skip
+
+
+EVENTS_SCHEMA = pa.schema([
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("ts_ns", pa.int64(), nullable=False),  # engine's publish time
+    pa.field("received_ns", pa.int64(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),  # live | replay
+    pa.field("kind", pa.string(), nullable=False),  # stored | removed | cleared
+    pa.field("block_hash", pa.int64()),  # null for cleared
+    pa.field("parent_block_hash", pa.int64()),  # stored: the block it chains on
+    pa.field("tokens", pa.int32()),  # stored: tokens in the block
+    pa.field("session_id", pa.string()),
+    pa.field("medium", pa.string()),
+])  # fmt: skip
+
+
+def to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """One row per block event (a BlockStored of 4 blocks gives 4 rows), in publish order."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS_SCHEMA}
+
+    def add(row: dict[str, Any], e: KvEvent, h: int | None, parent: int | None, n: int | None):
+        values = (row["seq"], row["ts_ns"], row["received_ns"], row["source"], e.kind, h, parent,
+                  n, e.session_id, e.medium)  # fmt: skip
+        for name, v in zip(cols, values, strict=True):
+            cols[name].append(v)
+
+    for row, e in events_of(rows):
+        if e.kind == "cleared":
+            add(row, e, None, None, None)
+            continue
+        parent, size = e.parent_block_hash, e.block_size or 0
+        for i, h in enumerate(e.block_hashes):
+            if e.kind == "stored":
+                add(row, e, h, parent, len(e.token_ids[i * size : (i + 1) * size]))
+                parent = h
+            else:
+                add(row, e, h, None, None)
+    return pa.Table.from_pydict(cols, schema=EVENTS_SCHEMA)
+
+
+def holes(rows: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """(missing seqs between the first and last batch kept, batches that came from replay)."""
+    seqs = sorted({r["seq"] for r in rows})
+    missing = (seqs[-1] - seqs[0] + 1 - len(seqs)) if seqs else 0
+    return missing, sum(r["source"] == "replay" for r in rows)

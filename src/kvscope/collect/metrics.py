@@ -102,6 +102,7 @@ class MetricsScraper:
         *,
         interval_s: float = 0.25,
         timeout_s: float = 1.0,
+        instant_path: Path | None = None,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
@@ -120,12 +121,18 @@ class MetricsScraper:
         self._client: httpx.Client | None = None
         self._started = 0.0
         self._summary: ScrapeSummary | None = None
+        # kvscope's instant values, one JSON line per scrape as it happens: what a crashed run
+        # keeps (the full series is written as Parquet only at stop()).
+        self.instant_path = instant_path
+        self._instant_file: Any = None
 
     def start(self) -> None:
         """Start scraping; returns once the first scrape is done (or failed)."""
         if self._thread is not None:
             raise RuntimeError("the scraper was already started")
         self._client = httpx.Client(timeout=self.timeout_s)
+        if self.instant_path is not None:
+            self._instant_file = self.instant_path.open("a", encoding="utf-8")
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="kvscope-metrics", daemon=True)
         self._thread.start()
@@ -142,6 +149,8 @@ class MetricsScraper:
         if not self._thread.is_alive():
             self._scrape()  # so that the workload's last request has a sample after it
         self._client.close()
+        if self._instant_file is not None:
+            self._instant_file.close()
         self._summary = self.summary(time.monotonic() - self._started)
         return self._summary
 
@@ -254,6 +263,10 @@ class MetricsScraper:
                 samples.append(v)
                 self._instant.setdefault(name, []).append((ts, v))
             cols.add_scrape(ts, series, samples)
+            if self._instant_file is not None and not self._instant_file.closed:
+                known = {k: v for k, v in values.items() if v is not None}
+                self._instant_file.write(json.dumps({"ts": ts, "values": known}) + "\n")
+                self._instant_file.flush()
 
     def _kvscope_name(self, metric: str, labels: Mapping[str, str]) -> str | None:
         if metric.startswith(KVSCOPE_PREFIX):
@@ -313,4 +326,20 @@ def instant_series(table: pa.Table) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for name, ts, v in zip(*(rows[c].to_pylist() for c in rows.column_names), strict=True):
         out.setdefault(name, []).append((ts, v))
+    return out
+
+
+def instant_series_jsonl(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """The same, from the per-scrape JSONL a run appends while it goes (torn lines skipped)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            for name, v in row["values"].items():
+                out.setdefault(name, []).append((row["ts"], v))
+    for points in out.values():
+        points.sort()
     return out

@@ -154,9 +154,10 @@ class SglangEngine(Engine):
         self, request_uuid: str, agent_id: str
     ) -> tuple[dict[str, Any], dict[str, str]]:
         # rid is echoed as the response id and joins the export file and request logs;
-        # session_id reaches BlockStored events. Never extra_key/cache_salt: they split the tree.
+        # session_id reaches BlockStored events: the request_uuid there attributes each stored
+        # block to its request. Never extra_key/cache_salt: they split the tree.
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
-        return {"rid": request_uuid, "session_id": agent_id}, {LABEL_HEADER: labels}
+        return {"rid": request_uuid, "session_id": request_uuid}, {LABEL_HEADER: labels}
 
     def exported_timings(self) -> dict[str, dict[str, float | None]]:
         """From --export-metrics-to-file: rid -> queue / prefill / decode ms (the rid is ours)."""

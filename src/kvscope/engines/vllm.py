@@ -150,8 +150,9 @@ class VllmEngine(Engine):
     def request_tags(
         self, request_uuid: str, agent_id: str
     ) -> tuple[dict[str, Any], dict[str, str]]:
-        # request_id becomes the response id ("chatcmpl-<id>"); session_id reaches BlockStored.
-        return {"request_id": request_uuid, "session_id": agent_id}, {}
+        # request_id becomes the response id ("chatcmpl-<id>"); session_id reaches BlockStored,
+        # so each stored block names the request that stored it (vLLM uses it for nothing else).
+        return {"request_id": request_uuid, "session_id": request_uuid}, {}
 
     def preflight(self) -> None:
         c = self.config

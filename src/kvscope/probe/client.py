@@ -17,6 +17,7 @@ import openai
 
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
+from kvscope.probe.tokens import ChatTokenizer
 from kvscope.schema import (
     STATUS_ERROR,
     STATUS_OK,
@@ -59,10 +60,14 @@ class Probe:
         *,
         timeout_s: float,
         sink: Callable[[RequestRecord], None],
+        tokens: ChatTokenizer | None = None,
+        token_sink: Callable[[str, tuple[int, ...]], None] | None = None,
+        store_prompts: bool = False,
     ) -> None:
         self.engine = engine
         self.run = run
         self.sink = sink
+        self.tokens, self.token_sink, self.store_prompts = tokens, token_sink, store_prompts
         self.client = openai.AsyncOpenAI(
             base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0, timeout=timeout_s
         )
@@ -79,6 +84,7 @@ class Probe:
         ignore_eos: bool = False,
     ) -> tuple[RequestRecord, str | None]:
         """Send one request; always returns (and sinks) a row, also when the call failed."""
+        instrumented = self._instrument(messages, prompt, request_uuid)
         body, headers = self.engine.request_tags(request_uuid, ids.agent_id)
         if ignore_eos:
             body["ignore_eos"] = True
@@ -115,6 +121,7 @@ class Probe:
         t_end = time.perf_counter()
         record = self._record(ids, request_uuid, prompt, seen, t0, t_end, start_ns, tool_ms)
         record = with_server_timings(record, self.engine.server_timings(seen.final))
+        record = replace(record, **instrumented)
         if status != STATUS_OK:
             record = replace(
                 record, status=status, error_type=error_type, error_message=error_message
@@ -204,6 +211,28 @@ class Probe:
             start_ns=start_ns,
             end_ns=start_ns + int((t_end - t0) * 1e9),
         )
+
+    def _instrument(
+        self, messages: list[dict[str, str]], prompt: PromptInfo, request_uuid: str
+    ) -> dict[str, Any]:
+        """Phase 7 columns from the model's own chat template and tokenizer (before sending)."""
+        out: dict[str, Any] = {}
+        if self.store_prompts:
+            out["raw_messages_json"] = json.dumps(messages, ensure_ascii=False)
+        if self.tokens is None:
+            return out
+        pt = self.tokens.prompt(messages, prompt.fixed_messages)
+        if self.token_sink is not None:
+            self.token_sink(request_uuid, pt.token_ids)
+        out |= {
+            "prompt_hash": pt.prompt_hash,
+            "token_id_hash": pt.token_id_hash,
+            "fixed_prefix_tokens": pt.fixed_prefix_tokens,
+            "dynamic_suffix_tokens": len(pt.token_ids) - pt.fixed_prefix_tokens,
+        }
+        if self.store_prompts:
+            out["serialized_prompt_text"] = pt.text
+        return out
 
     async def close(self) -> None:
         await self.client.close()

@@ -1,0 +1,35 @@
+"""Where prompts first diverge (design note, Phase 7): the application-side bound on reuse.
+
+For each call: the first token index where its prompt differs from this agent's previous call
+in the same workflow, and from the workflow's previous call (the previous agent's); and the
+longest common prefix with any call of the run that started earlier: the most prefix cache
+reuse the prompt layout allows, whatever the cache does.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvscope.probe.tokens import PrefixIndex, common_prefix
+
+Row = dict[str, Any]
+
+
+def with_divergence(rows: Sequence[Row], tokens: Mapping[str, Sequence[int]]) -> list[Row]:
+    index = PrefixIndex()
+    last_call: dict[str, Sequence[int]] = {}  # workflow -> its latest prompt
+    last_agent: dict[tuple[str, str], Sequence[int]] = {}  # (workflow, agent) -> latest prompt
+    out: dict[str, Row] = {}
+    for r in sorted(rows, key=lambda r: r["start_ns"]):
+        ids = tokens.get(r["request_uuid"])
+        if ids is None:
+            continue
+        wf, agent = r["workflow_run_id"], r["agent_id"]
+        same, prev = last_agent.get((wf, agent)), last_call.get(wf)
+        out[r["request_uuid"]] = r | {
+            "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
+            "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
+            "max_reusable_tokens": index.longest(ids),
+        }
+        index.add(ids)
+        last_call[wf] = last_agent[(wf, agent)] = ids
+    return [out.get(r["request_uuid"], r) for r in rows]
