@@ -16,8 +16,9 @@ import yaml
 from prometheus_client.metrics_core import Metric
 
 from kvscope import environment, finalize, store
-from kvscope.analysis import evictions
+from kvscope.analysis import evictions, provenance
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
+from kvscope.analysis.evictions import Cell, TransitionHarm
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.collect.kv_events import KvEventListener, summary_dict
@@ -63,6 +64,10 @@ class RunOutcome:
     scrape: ScrapeSummary | None = None
     server: dict[str, float] = field(default_factory=dict)  # run-level /metrics summaries
     server_agents: dict[str, dict[str, float]] = field(default_factory=dict)  # SGLang agent label
+    kv: finalize.KvReport | None = None  # Level 3: KV events received and their gaps
+    provenance: dict[str, dict[str, int]] = field(default_factory=dict)  # per agent
+    evictions: list[Cell] = field(default_factory=list)
+    harm: list[TransitionHarm] = field(default_factory=list)
 
 
 def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutcome:
@@ -263,7 +268,9 @@ def _close(
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
-                      scraper.summary() if scraper else None, server, server_agents)  # fmt: skip
+                      scraper.summary() if scraper else None, server, server_agents, tables.kv,
+                      provenance.by_agent(table), evictions.matrix(tables.blocks),
+                      evictions.by_transition(tables.blocks))  # fmt: skip
 
 
 def _server_summary(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from kvscope.analysis.provenance import build_ledger, provenance
 from kvscope.collect import kv_events
 from kvscope.collect.context import with_context
 from kvscope.collect.metrics import instant_series, instant_series_jsonl
+from kvscope.errors import KvscopeError
 
 METRICS_PARQUET = "metrics.parquet"
 METRICS_JSONL = "metrics.kvscope.jsonl"
@@ -84,6 +85,13 @@ def finalize(run_dir: Path, exported: dict[str, dict[str, float | None]] | None 
         )  # fmt: skip
     store.write_requests(run_dir, rows)
     return Tables(rows, skipped, series, blocks, report)
+
+
+def convert(run_dir: Path) -> Tables:
+    """A run directory's tables from its streams alone (a crashed run's, for instance)."""
+    if not (run_dir / store.REQUESTS_JSONL).exists():
+        raise KvscopeError(f"{run_dir} has no {store.REQUESTS_JSONL}: not a kvscope run directory")
+    return finalize(run_dir)
 
 
 def load_series(run_dir: Path) -> Series:

@@ -1,7 +1,7 @@
 """One directory per run: an append-only JSONL while running, Parquet at the end.
 
 Every row is written and flushed the moment its call ends, so a crash loses nothing that was
-measured; `kvscope convert RUN_DIR` turns a crashed run's JSONL into the Parquet table.
+measured; `kvscope convert RUN_DIR` turns a crashed run's streams into its tables (finalize).
 """
 
 import json
@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.errors import KvscopeError
 from kvscope.schema import ARROW_SCHEMA, COLUMNS, RequestRecord
 
 REQUESTS_JSONL = "requests.jsonl"
@@ -63,15 +62,6 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
     columns = {name: [row.get(name) for row in rows] for name in COLUMNS}
     return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
-
-
-def convert(run_dir: Path) -> tuple[Path, int, int]:
-    """requests.jsonl -> requests.parquet; returns (path, rows, skipped lines)."""
-    source = run_dir / REQUESTS_JSONL
-    if not source.exists():
-        raise KvscopeError(f"{run_dir} has no {REQUESTS_JSONL}: not a kvscope run directory")
-    rows, bad = read_jsonl(source)
-    return write_requests(run_dir, rows), len(rows), bad
 
 
 def write_requests(run_dir: Path, rows: list[dict[str, Any]]) -> Path:

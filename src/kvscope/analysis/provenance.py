@@ -327,3 +327,22 @@ class _Windows:
         for t in chunk:
             h = (h * _BASE + t + 1) % _MOD
         return h in self.hashes
+
+
+PROVENANCE_COLUMNS = (
+    "cached_self_tokens", "cached_cross_agent_tokens", "cached_cross_workflow_tokens",
+    "cached_unattributed_tokens", "uncached_evicted_tokens", "uncached_layout_tokens",
+    "uncached_cold_tokens",
+)  # fmt: skip
+
+
+def by_agent(rows: Sequence[Row]) -> dict[str, dict[str, int]]:
+    """Provenance columns summed per agent over the rows that have them."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r.get("cached_self_tokens") is None:
+            continue
+        sums = out.setdefault(r["agent_id"], dict.fromkeys(PROVENANCE_COLUMNS, 0))
+        for c in PROVENANCE_COLUMNS:
+            sums[c] += r[c]
+    return out

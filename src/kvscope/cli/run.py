@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvscope import store
+from kvscope import finalize, store
 from kvscope.analysis.agents import AgentSummary
 from kvscope.cli.common import console, friendly
 from kvscope.config import ExperimentConfig, load_yaml, parse_experiment
@@ -126,6 +126,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             view.add_row(agent, _n(v.get("prompt_tokens")), _n(v.get("cached_tokens")),
                          _n(v.get("ttft_mean_ms")), _n(v.get("e2e_mean_ms")))  # fmt: skip
         console.print(view)
+    _print_kv(outcome)
     for r in outcome.reconciliation:
         if r.exact:
             verdict = "[green]exact[/]"
@@ -158,6 +159,42 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
         console.print(f"browse: kvscope ui{extra}")
 
 
+def _print_kv(outcome: "RunOutcome") -> None:
+    kv = outcome.kv
+    if kv is None:
+        console.print("KV events: not recorded (the engine publishes none, or they are off)")
+        return
+    lost = f"[red]{kv.missing_batches} missing[/]" if kv.missing_batches else "0 missing"
+    console.print(f"KV events: {kv.batches} batches, {kv.events} events, {lost}"
+                  f" ({kv.recovered_batches} recovered from the replay socket)")  # fmt: skip
+    for reason, n in kv.skipped.items():
+        console.print(f"  provenance not computed for {n} request(s): {reason}")
+    if outcome.provenance:
+        view = Table(title="where each agent's prompt tokens came from (KV events)",
+                     title_justify="left")  # fmt: skip
+        heads = ("agent", "cached: self", "cross-agent", "cross-workflow", "unattributed",
+                 "uncached: evicted", "layout", "cold")  # fmt: skip
+        for i, head in enumerate(heads):
+            view.add_column(head, justify="left" if i == 0 else "right")
+        for agent, v in outcome.provenance.items():
+            view.add_row(agent, *(f"{n:,}" for n in v.values()))
+        console.print(view)
+    if not outcome.evictions:
+        console.print("evictions: none")
+        return
+    view = Table(title="evictions: evictor (inferred) -> victim", title_justify="left")
+    for i, head in enumerate(("evictor", "victim", "scope", "blocks", "harmful",
+                              "recomputed tokens")):  # fmt: skip
+        view.add_column(head, justify="left" if i < 3 else "right")
+    for c in outcome.evictions:
+        view.add_row(c.evictor_agent_id, c.victim_agent_id, c.scope, f"{c.evictions:,}",
+                     f"{c.harmful:,}", f"{c.recomputed_tokens:,}")  # fmt: skip
+    console.print(view)
+    if outcome.harm:
+        worst = ", ".join(f"{h.transition} {h.recomputed_tokens:,}" for h in outcome.harm)
+        console.print(f"recomputed tokens after harmful evictions, by transition: {worst}")
+
+
 def _n(value: float | None) -> str:
     return "null" if value is None else f"{value:,.0f}"
 
@@ -175,10 +212,16 @@ def _cells(s: AgentSummary) -> list[str]:
 
 @friendly
 def convert(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Turn a run's requests.jsonl (e.g. of a crashed run) into requests.parquet."""
-    path, rows, skipped = store.convert(run_dir)
+    """Build a run's tables from its streams (e.g. of a crashed run): requests.parquet with
+    the /metrics context and KV provenance columns, kv_events.parquet, blocks.parquet."""
+    tables = finalize.convert(run_dir)
+    skipped = tables.skipped_lines
     note = f" ({skipped} unreadable line(s) skipped: a write cut short)" if skipped else ""
-    console.print(f"{rows} rows -> {path}{note}")
+    context = sum(r.get("cache_used_tokens_before") is not None for r in tables.rows)
+    console.print(f"{len(tables.rows)} rows -> {run_dir / store.REQUESTS_PARQUET}{note}")
+    console.print(f"/metrics context on {context} rows"
+                  + (f"; {len(tables.blocks)} KV blocks -> {finalize.BLOCKS_PARQUET}"
+                     if tables.kv else "; no KV events recorded"))  # fmt: skip
 
 
 @friendly
