@@ -80,6 +80,9 @@ class EngineConfig(BaseModel):
 
 
 Layout = Literal["shared-first", "role-first"]
+# RQ5: what the agents' prompts share, from nothing to a whole conversation branch
+# (kvscope.workload.sharing says what each mode puts where).
+Sharing = Literal["none", "system", "task", "documents", "branch"]
 
 
 class SyntheticConfig(BaseModel):
@@ -105,6 +108,9 @@ class WorkloadConfig(BaseModel):
     cycles: int = Field(2, ge=1)
     max_cycles: int = Field(3, ge=1, description="Bound of the model-decided loop.")
     layout: Layout = "shared-first"
+    sharing: Sharing = Field(
+        "documents", description="RQ5: what the agents' prompts share (tasks mode)."
+    )
     max_tokens: int = Field(48, ge=1, description="Output tokens per agent call (tasks mode).")
     tool: bool = Field(True, description="The Executor calls a local tool.")
     seed: int = 0
@@ -113,6 +119,24 @@ class WorkloadConfig(BaseModel):
     store_prompts: bool = Field(
         False, description="Keep each call's raw messages and serialized prompt text (opt-in)."
     )
+
+    @model_validator(mode="after")
+    def _check_sharing(self) -> "WorkloadConfig":
+        if self.mode == "synthetic" and self.sharing != "documents":
+            raise ValueError("sharing is a tasks-mode setting (synthetic prompts share no context)")
+        if self.layout == "role-first" and self.sharing in _NOT_ROLE_FIRST:
+            raise ValueError(
+                f"layout role-first does not combine with sharing {self.sharing}: "
+                f"{_NOT_ROLE_FIRST[self.sharing]}"
+            )
+        return self
+
+
+# Sharing modes where the layout switch is meaningless (see kvscope.workload.sharing).
+_NOT_ROLE_FIRST = {
+    "none": "none already starts every prompt with the agent's role",
+    "branch": "a branch's system message is the same for every agent (turns name their agent)",
+}
 
 
 class TrackingConfig(BaseModel):

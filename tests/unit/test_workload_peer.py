@@ -160,7 +160,7 @@ def test_fixed_mode_identifiers_and_call_order() -> None:
         assert (RUN, thread_id, workflow_run_id) in rt.workflows
         uuid.UUID(workflow_run_id)
         for c in calls:
-            assert c.prompt == PromptInfo(TEMPLATE_VERSION, "shared-first")
+            assert c.prompt == PromptInfo(TEMPLATE_VERSION, "shared-first", "documents")
             assert c.max_tokens == cfg.max_tokens and c.ignore_eos is False
     assert [(r.thread_id, r.cycles, r.calls, r.ok, r.failed_agent) for r in results] == [
         (f"{RUN}-t{i:03d}", 2, 8, True, None) for i in range(3)

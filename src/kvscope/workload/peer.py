@@ -21,7 +21,7 @@ from langgraph.graph.state import CompiledStateGraph
 from kvscope.config import WorkloadConfig
 from kvscope.errors import ConfigError
 from kvscope.schema import STATUS_OK
-from kvscope.workload import prompts
+from kvscope.workload import prompts, sharing
 from kvscope.workload.runtime import AgentRuntime, CallIds, LlmReply
 from kvscope.workload.synthetic import SyntheticPrompts
 from kvscope.workload.taskset import Problem, TaskSet, load_tasks
@@ -45,6 +45,7 @@ class PeerState(TypedDict):
     turn_id: int  # the PEER cycle of the latest call, from 1
     previous_agent_id: str | None  # the agent that ran last; None before the first call
     messages: Annotated[list[dict[str, str]], operator.add]  # transcript: question + replies
+    turns: Annotated[list[sharing.Turn], operator.add]  # each call: asked + answered (branch)
     plan: str | None
     execution_result: str | None
     expression: str | None
@@ -117,8 +118,9 @@ class PeerAgents:
         turn = state["cycles"] + 1
         ids = self._ids(state, PLANNER, turn)
         with self.runtime.agent_span(ids):
-            reply = await self._llm(ids, self._messages(PLANNER, state, turn))
-        return self._update(ids, state, reply, "plan")
+            messages = self._messages(PLANNER, state, turn)
+            reply = await self._llm(ids, messages)
+        return self._update(ids, state, reply, "plan", messages)
 
     async def executor(self, state: PeerState) -> dict[str, Any]:
         ids = self._ids(state, EXECUTOR, state["turn_id"])
@@ -127,7 +129,7 @@ class PeerAgents:
             tool_text = f"{tools.calculator}\n{tools.lookup}" if tools else None
             messages = self._messages(EXECUTOR, state, ids.turn_id, tool_text=tool_text)
             reply = await self._llm(ids, messages, tool_ms=tools.ms if tools else None)
-        update = self._update(ids, state, reply, "execution_result")
+        update = self._update(ids, state, reply, "execution_result", messages)
         if reply.status == STATUS_OK and tools:
             # The calculator's value travels with the Executor's words to the Expresser.
             update["execution_result"] = f"{tools.calculator} | {update['execution_result']}"
@@ -136,14 +138,16 @@ class PeerAgents:
     async def expresser(self, state: PeerState) -> dict[str, Any]:
         ids = self._ids(state, EXPRESSER, state["turn_id"])
         with self.runtime.agent_span(ids):
-            reply = await self._llm(ids, self._messages(EXPRESSER, state, ids.turn_id))
-        return self._update(ids, state, reply, "expression")
+            messages = self._messages(EXPRESSER, state, ids.turn_id)
+            reply = await self._llm(ids, messages)
+        return self._update(ids, state, reply, "expression", messages)
 
     async def reviewer(self, state: PeerState) -> dict[str, Any]:
         ids = self._ids(state, REVIEWER, state["turn_id"])
         with self.runtime.agent_span(ids):
-            reply = await self._llm(ids, self._messages(REVIEWER, state, ids.turn_id))
-        update = self._update(ids, state, reply, "review")
+            messages = self._messages(REVIEWER, state, ids.turn_id)
+            reply = await self._llm(ids, messages)
+        update = self._update(ids, state, reply, "review", messages)
         if reply.status != STATUS_OK:
             return update
         verdict = prompts.parse_verdict(reply.content)
@@ -188,7 +192,7 @@ class PeerAgents:
                 messages,
                 ids,
                 max_tokens=self.cfg.max_tokens,
-                prompt=prompts.prompt_info(self.cfg.layout),
+                prompt=prompts.prompt_info(self.cfg.layout, self.cfg.sharing),
                 tool_ms=tool_ms,
             )
         if self.on_call is not None:
@@ -208,15 +212,17 @@ class PeerAgents:
             expression=state["expression"],
             review=state["review"],
         )
-        prompt = prompts.build_prompt(
+        return sharing.messages(
             agent,
             documents=self.tasks.documents_for(problem),
             question=problem.question,
             state=view,
             cycle=turn,
+            sharing=self.cfg.sharing,
+            layout=self.cfg.layout,
             tool_text=tool_text,
+            turns=state["turns"],
         )
-        return prompt.messages(self.cfg.layout)
 
     def _run_tools(self, state: PeerState) -> ToolOutputs | None:
         """Lookup + calculator for the Executor, each in its tool span; None when tools are off."""
@@ -251,7 +257,9 @@ class PeerAgents:
         return self.tasks.problem(state["task_id"])
 
     @staticmethod
-    def _update(ids: CallIds, state: PeerState, reply: LlmReply, field: str) -> dict[str, Any]:
+    def _update(
+        ids: CallIds, state: PeerState, reply: LlmReply, field: str, sent: list[dict[str, str]]
+    ) -> dict[str, Any]:
         update: dict[str, Any] = {
             "previous_agent_id": ids.agent_id,
             "turn_id": ids.turn_id,
@@ -265,6 +273,7 @@ class PeerAgents:
         content = reply.content or ""
         update[field] = content
         update["messages"] = [{"role": "assistant", "name": ids.agent_id, "content": content}]
+        update["turns"] = [sharing.Turn(ids.turn_id, sent[-1]["content"], content)]
         return update
 
 
@@ -316,6 +325,7 @@ def initial_state(
         turn_id=1,
         previous_agent_id=None,
         messages=[{"role": "user", "content": problem.question}] if problem else [],
+        turns=[],
         plan=None,
         execution_result=None,
         expression=None,

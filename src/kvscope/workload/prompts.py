@@ -6,6 +6,9 @@ The two layouts differ only in the order of the system message's parts (RQ3): "s
 puts the context every agent shares (team preamble + documents) first, so the four agents'
 prompts share a long token prefix; "role-first" puts the agent's role first, so they diverge
 after a few tokens. The user message (dynamic state + current input) is the same in both.
+
+These are the prompts of `workload.sharing: documents` (the default); kvscope.workload.sharing
+rearranges the same parts for the other RQ5 sharing modes.
 """
 
 import re
@@ -13,10 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvscope.config import Layout
+from kvscope.config import Layout, Sharing
 from kvscope.workload.runtime import PromptInfo
 from kvscope.workload.taskset import Document
 
+# Unchanged by the RQ5 sharing modes: `documents` renders these prompts byte for byte, and the
+# other modes are recorded beside the version (PromptInfo.sharing, the sharing_mode column).
 TEMPLATE_VERSION = "peer-fqa-v1"
 AGENTS: tuple[str, ...] = ("planner", "executor", "expresser", "reviewer")
 
@@ -130,12 +135,19 @@ class AgentPrompt:
         ]
 
 
-def prompt_info(layout: Layout) -> PromptInfo:
-    return PromptInfo(template_version=TEMPLATE_VERSION, layout=layout)
+def prompt_info(layout: Layout, sharing: Sharing = "documents") -> PromptInfo:
+    # Every tasks-mode prompt has one fixed message: the system message (sharing.py).
+    return PromptInfo(
+        template_version=TEMPLATE_VERSION, layout=layout, sharing=sharing, fixed_messages=1
+    )
 
 
 def shared_context(documents: Sequence[Document]) -> str:
-    parts = [SHARED_PREAMBLE, "Documents:"]
+    return f"{SHARED_PREAMBLE}\n\n{documents_text(documents)}"
+
+
+def documents_text(documents: Sequence[Document]) -> str:
+    parts = ["Documents:"]
     for doc in documents:
         parts.append(f"### [{doc.id}] {doc.company}, {doc.period} {doc.kind}\n{doc.text}")
     return "\n\n".join(parts)
@@ -153,18 +165,22 @@ def dynamic_state(state: StateView, cycle: int) -> str:
 
 
 def current_input(agent: str, question: str, *, cycle: int, tool_text: str | None = None) -> str:
-    ask = f"Question: {question}"
+    return f"Question: {question}\n{instruction(agent, cycle=cycle, tool_text=tool_text)}"
+
+
+def instruction(agent: str, *, cycle: int, tool_text: str | None = None) -> str:
+    """What the agent is asked to do now (the current input without the question)."""
     if agent == "planner":
         if cycle > 1:
-            return f"{ask}\nThe review asked for another cycle: write a corrected plan."
-        return f"{ask}\nWrite the plan."
+            return "The review asked for another cycle: write a corrected plan."
+        return "Write the plan."
     if agent == "executor":
         tools = truncate(tool_text, TOOL_TEXT_LIMIT) if tool_text else "none (tools disabled)"
-        return f"{ask}\nTool results: {tools}\nWrite the result."
+        return f"Tool results: {tools}\nWrite the result."
     if agent == "expresser":
-        return f"{ask}\nWrite the answer."
+        return "Write the answer."
     if agent == "reviewer":
-        return f"{ask}\nReview the answer draft; end with VERDICT: DONE or VERDICT: REVISE."
+        return "Review the answer draft; end with VERDICT: DONE or VERDICT: REVISE."
     raise ValueError(f"unknown agent {agent!r}")
 
 
