@@ -1,11 +1,16 @@
 """Shared test helpers (tests/ is on sys.path via pytest's `pythonpath`)."""
 
+import base64
+import json
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgpack
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_FIXTURES = ROOT / "tests" / "fixtures" / "vllm-0.32.0"
@@ -55,3 +60,21 @@ class Up:
         return subprocess.run(
             [*KVSCOPE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
         )
+
+
+def recorded_frames() -> list[list[bytes]]:
+    frames = []
+    for line in (VLLM_FIXTURES / "kv_events.frames.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        frames.append([
+            bytes.fromhex(d["topic_hex"]), d["seq"].to_bytes(8, "big"),
+            base64.b64decode(d["payload_b64"]),
+        ])  # fmt: skip
+    return frames
+
+
+def restamped(frame: list[bytes]) -> list[bytes]:
+    """The same batch with a current timestamp (as if published now)."""
+    batch = msgpack.unpackb(frame[2])
+    batch[0] = time.time()
+    return [frame[0], frame[1], msgpack.packb(batch)]

@@ -1,41 +1,20 @@
 """Capability detection against a stand-in server that serves recorded vLLM outputs."""
 
-import base64
-import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import msgpack
 import pytest
 import zmq
-from helpers import VLLM_FIXTURES, free_port
+from helpers import VLLM_FIXTURES, free_port, recorded_frames, restamped
 
 from kvscope.collect.kv_events import decode
 from kvscope.engines import METRIC_FAMILIES
 from kvscope.engines.base import Endpoints
 from kvscope.engines.detect import detect
 from kvscope.errors import EngineError
-
-
-def recorded_frames() -> list[list[bytes]]:
-    frames = []
-    for line in (VLLM_FIXTURES / "kv_events.frames.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        frames.append([
-            bytes.fromhex(d["topic_hex"]), d["seq"].to_bytes(8, "big"),
-            base64.b64decode(d["payload_b64"]),
-        ])  # fmt: skip
-    return frames
-
-
-def restamped(frame: list[bytes]) -> list[bytes]:
-    """The same batch with a current timestamp (as if published now)."""
-    batch = msgpack.unpackb(frame[2])
-    batch[0] = time.time()
-    return [frame[0], frame[1], msgpack.packb(batch)]
 
 
 @dataclass
