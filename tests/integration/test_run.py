@@ -140,6 +140,25 @@ def test_server_series_reconciliation_and_plot(demo: dict[str, Any]) -> None:
     assert "reconcile cached_tokens_total" in demo["stdout"] and "exact" in demo["stdout"]
 
 
+def test_prompt_instrumentation_and_provenance(demo: dict[str, Any]) -> None:
+    rows = pq.read_table(demo["run_dir"] / "requests.parquet").to_pylist()
+    for r in rows:
+        # kvscope's own tokenization of the prompt agrees with the engine's count.
+        assert r["token_id_hash"] and r["prompt_hash"]
+        assert 0 < r["fixed_prefix_tokens"] < r["prompt_tokens"]
+        assert r["dynamic_suffix_tokens"] == r["prompt_tokens"] - r["fixed_prefix_tokens"]
+        assert r["raw_messages_json"] is None  # opt-in
+        assert r["cached_self_tokens"] is not None, r
+        assert r["max_reusable_tokens"] is not None
+    # shared-first: the Executor reuses the prefix the Planner stored just before it.
+    executors = [r for r in rows if r["agent_id"] == "executor"]
+    assert all(r["first_divergence_previous_agent"] > 100 for r in executors)
+    assert sum(r["cached_cross_agent_tokens"] for r in executors) > 0
+    for name in ("kv_events.parquet", "blocks.parquet", "kv_events.summary.json"):
+        assert (demo["run_dir"] / name).exists()
+    assert "where each agent's prompt tokens came from" in demo["stdout"]
+
+
 def test_summary_printed(demo: dict[str, Any]) -> None:
     out = demo["stdout"]
     for agent in AGENTS:
@@ -173,3 +192,9 @@ def test_killed_run_keeps_every_finished_call(up: Up, tmp_path: Path) -> None:
     complete = [json.loads(line) for line in lines if line.endswith("}")]
     assert len(rows) == len(complete) >= 3
     assert [r["request_uuid"] for r in rows] == [c["request_uuid"] for c in complete]
+    # The streams written while the run went give the crashed run its Level 2 and 3 columns.
+    for r in rows:
+        assert r["cache_used_tokens_before"] is not None and r["running_requests"] is not None
+        assert r["token_id_hash"] is not None and r["cached_self_tokens"] is not None
+    assert (jsonl.parent / "blocks.parquet").exists()
+    assert "/metrics context on" in result.stdout
