@@ -157,3 +157,33 @@ def test_order_and_heatmap_matrix() -> None:
 
 def test_empty_table() -> None:
     assert transitions(table()).num_rows == 0
+
+
+def test_eviction_pairs() -> None:
+    from kvscope.analysis.transitions import eviction_pairs
+
+    blocks = pa.table(
+        {
+            "block_hash": [1, 2, 3, 4, 5, 6],
+            "owner_agent_id": ["planner", "planner", "executor", None, "planner", "planner"],
+            "owner_workflow_run_id": ["w0", "w1", "w0", "w0", "w0", "w0"],
+            "evictor_agent_id": ["executor", "executor", None, "planner", "executor", "reviewer"],
+            "evictor_workflow_run_id": ["w0", "w0", None, "w1", "w0", "w0"],
+            "harmful": [True, False, True, False, True, False],
+            "recomputed_tokens": [16, 0, 32, None, 16, None],
+            "residency_ms": [10.0, 20.0, 30.0, 5.0, 40.0, 1.0],
+            "removed_ns": [1, 2, 3, 4, None, 6],  # block 5 was never removed
+            "removal": ["evicted", "evicted", "evicted", "evicted", None, "freed"],
+        }
+    )
+    got = {
+        (r["evictor_agent_id"], r["victim_agent_id"]): r for r in eviction_pairs(blocks).to_pylist()
+    }
+    assert list(got) == [("planner", "unknown"), ("executor", "planner"), ("unknown", "executor")]
+    p = got[("executor", "planner")]
+    assert (p["evictions"], p["same_workflow"], p["harmful"]) == (2, 1, 1)
+    assert p["recomputed_tokens"] == 16  # block 5 (not removed) and block 6 (freed) are out
+    assert p["residency_ms_p50"] == pytest.approx(15)
+    assert got[("unknown", "executor")]["recomputed_tokens"] == 32
+    assert got[("planner", "unknown")]["harmful"] == 0
+    assert got[("planner", "unknown")]["recomputed_tokens"] is None  # never measured

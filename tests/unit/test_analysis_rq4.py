@@ -76,3 +76,21 @@ def test_concurrency_axis_and_agents_with_nothing_to_lose() -> None:
     assert (loss.agent_id, loss.at, loss.reference_at, loss.fixed) == ("executor", 8, 1, 4096)
     single = pressure_sweep([({"kv_capacity_tokens": 1}, run(0.5, 0.5))])
     assert first_to_lose_reuse(single) == []  # one point: no comparison
+
+
+def test_groups_are_never_compared_and_repeats_are_pooled() -> None:
+    sweep = pressure_sweep(
+        [
+            ({"kv_capacity_tokens": 8000, "group": "layout=shared-first"}, run(0.8, 0.6)),
+            ({"kv_capacity_tokens": 2000, "group": "layout=shared-first"}, run(0.8, 0.3)),
+            # role-first has a low planner at full capacity; against shared-first's 0.8 it would
+            # look like a drop, but it is another group with a single point: no comparison
+            ({"kv_capacity_tokens": 8000, "group": "layout=role-first"}, run(0.1, 0.1)),
+            # a repeat of shared-first at 2000: pooled, executor (300 + 500) / 2000 = 0.4
+            ({"kv_capacity_tokens": 2000, "group": "layout=shared-first"}, run(0.8, 0.5)),
+        ]
+    )
+    assert sweep["group"].to_pylist()[:3] == ["layout=role-first"] * 3  # sorted within 8000
+    (loss,) = first_to_lose_reuse(sweep)
+    assert (loss.group, loss.agent_id, loss.at) == ("layout=shared-first", "executor", 2000)
+    assert loss.ratio == pytest.approx(0.4)

@@ -86,13 +86,14 @@ def layout_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
     instrumentation; null when not measured), prompt_tokens_mean.
     """
     parts = [
-        ({"run": label, "prompt_layout": _distinct(t, "prompt_layout")}, _per_agent(t))
+        ({"run": label, "prompt_layout": distinct_values(t, "prompt_layout")}, _per_agent(t))
         for label, t in runs.items()
     ]
     return _stack(parts, f"run, {_agent_last()}")
 
 
-def _distinct(table: pa.Table, column: str) -> str:
+def distinct_values(table: pa.Table, column: str) -> str:
+    """The column's distinct non-null values, sorted and comma-joined; "unknown" if none."""
     if column not in table.column_names:
         return UNKNOWN
     values = sorted({v for v in table[column].to_pylist() if v is not None})
@@ -103,9 +104,11 @@ def pressure_sweep(runs: Sequence[tuple[Mapping[str, Any], pa.Table]]) -> pa.Tab
     """RQ4: per run and agent, reuse against KV capacity and concurrency.
 
     `runs`: (params, requests) pairs; params may hold "run" (a label), "kv_capacity_tokens"
-    (the engine's KV capacity in tokens) and "concurrency" (workflows in flight); a missing one
-    is null. Columns: run, kv_capacity_tokens, concurrency, then the `layout_comparison` agent
-    columns from agent_id on. Sorted by concurrency, capacity (largest first), agent.
+    (the engine's KV capacity in tokens), "concurrency" (workflows in flight) and "group" (what
+    else sets runs apart, e.g. "layout=role-first": runs of different groups are never
+    compared); a missing one is null. Columns: run, kv_capacity_tokens, concurrency, group,
+    then the `layout_comparison` agent columns from agent_id on. Sorted by concurrency,
+    capacity (largest first), group, run, agent.
     """
     parts = [
         (
@@ -113,12 +116,16 @@ def pressure_sweep(runs: Sequence[tuple[Mapping[str, Any], pa.Table]]) -> pa.Tab
                 "run": str(params.get("run", i)),
                 "kv_capacity_tokens": _int(params.get("kv_capacity_tokens")),
                 "concurrency": _int(params.get("concurrency")),
+                "group": params.get("group"),
             },
             _per_agent(table),
         )
         for i, (params, table) in enumerate(runs)
     ]
-    order = f"concurrency NULLS FIRST, kv_capacity_tokens DESC NULLS FIRST, run, {_agent_last()}"
+    order = (
+        "concurrency NULLS FIRST, kv_capacity_tokens DESC NULLS FIRST, "
+        f'"group" NULLS FIRST, run, {_agent_last()}'
+    )
     return _stack(parts, order)
 
 
@@ -133,19 +140,22 @@ class ReuseLoss:
     reference_ratio: float
     ratio: float  # its weighted hit ratio at `at`
     fixed: int | None  # the other axis's value for this comparison
+    group: str | None = None  # the sweep's group (see pressure_sweep)
 
 
 def first_to_lose_reuse(
     sweep: pa.Table, axis: str = "kv_capacity_tokens", threshold: float = LOSS_THRESHOLD
 ) -> list[ReuseLoss]:
-    """RQ4: which agent's reuse drops first as pressure grows, one answer per other-axis value.
+    """RQ4: which agent's reuse drops first as pressure grows; one answer per value of the
+    other axis and group.
 
     Rule: pressure grows as kv_capacity_tokens falls (or concurrency rises). Each agent's
     reference is its weighted hit ratio at the least-pressure point of the sweep; the agent
     "drops" at the least-pressure point where its ratio falls below `threshold` x reference.
     The agent that drops at the least pressure loses reuse first; a tie goes to the larger
-    relative drop there. Agents with no or zero reference ratio have nothing to lose and are
-    skipped; the "all" rows are ignored. No entry for a group where no agent drops.
+    relative drop there. Runs at the same point are pooled (sum cached / sum prompt). Agents
+    with no or zero reference ratio have nothing to lose and are skipped; the "all" rows are
+    ignored. No entry for a group where no agent drops.
     """
     other = "concurrency" if axis == "kv_capacity_tokens" else "kv_capacity_tokens"
     rows = [
@@ -153,18 +163,19 @@ def first_to_lose_reuse(
         for r in sweep.to_pylist()
         if r["agent_id"] != ALL and r[axis] is not None and r["weighted_hit_ratio"] is not None
     ]
+    keys = {(r[other], r.get("group")) for r in rows}
     losses = []
-    for fixed in sorted({r[other] for r in rows}, key=lambda v: (v is not None, v or 0)):
-        group = [r for r in rows if r[other] == fixed]
-        loss = _first_loss(group, axis, threshold, fixed)
+    for fixed, group in sorted(keys, key=lambda k: (k[0] is not None, k[0] or 0, k[1] or "")):
+        members = [r for r in rows if r[other] == fixed and r.get("group") == group]
+        loss = _first_loss(members, axis, threshold)
         if loss is not None:
-            losses.append(loss)
+            losses.append(ReuseLoss(*loss, fixed=fixed, group=group))
     return losses
 
 
 def _first_loss(
-    rows: list[dict[str, Any]], axis: str, threshold: float, fixed: int | None
-) -> ReuseLoss | None:
+    rows: list[dict[str, Any]], axis: str, threshold: float
+) -> tuple[str, str, int, int, float, float] | None:
     sign = -1 if axis == "kv_capacity_tokens" else 1  # sort key: least pressure first
     points = sorted({r[axis] for r in rows}, key=lambda v: sign * v)
     if len(points) < 2:
@@ -172,7 +183,7 @@ def _first_loss(
     ref_at = points[0]
     candidates = []
     for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
-        ratio = {r[axis]: r["weighted_hit_ratio"] for r in rows if r["agent_id"] == agent}
+        ratio = _pooled([r for r in rows if r["agent_id"] == agent], axis)
         ref = ratio.get(ref_at)
         if not ref:
             continue
@@ -183,7 +194,17 @@ def _first_loss(
     if not candidates:
         return None
     _, _, agent, at, ref, got = min(candidates)
-    return ReuseLoss(agent, axis, at, ref_at, ref, got, fixed)
+    return agent, axis, at, ref_at, ref, got
+
+
+def _pooled(rows: list[dict[str, Any]], axis: str) -> dict[int, float]:
+    """Weighted hit ratio per point of the axis over all the rows (runs) at that point."""
+    sums: dict[int, list[int]] = {}
+    for r in rows:
+        acc = sums.setdefault(r[axis], [0, 0])
+        acc[0] += r["cached_tokens"]
+        acc[1] += r["prompt_tokens"]
+    return {at: cached / prompt for at, (cached, prompt) in sums.items() if prompt}
 
 
 def sharing_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:

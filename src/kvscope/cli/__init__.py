@@ -5,7 +5,9 @@ import sys
 
 import typer
 
+from kvscope.cli import analyze as analyze_commands
 from kvscope.cli import engine
+from kvscope.cli import report as report_commands
 from kvscope.cli import run as run_commands
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -13,6 +15,9 @@ app.add_typer(engine.app, name="engine")
 app.command("run")(run_commands.run)
 app.command("convert")(run_commands.convert)
 app.command("ui")(run_commands.ui)
+app.command("report")(report_commands.report)
+app.command("compare")(report_commands.compare)
+app.command("analyze")(analyze_commands.analyze)
 
 
 def main() -> None:

@@ -1,0 +1,85 @@
+"""`kvscope analyze`: the research-question analyses of one or more runs, as tables."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from kvscope.cli.common import console, friendly
+from kvscope.cli.report import RUNS_DIR_OPTION, TRACKING_OPTION, resolve_run
+from kvscope.errors import KvscopeError
+
+if TYPE_CHECKING:
+    from kvscope.report.html import Section
+
+RQS = (1, 2, 3, 4, 5, 6)
+PER_RUN = {1: ("overview", "agents", "turns"), 2: ("transitions",), 6: ("latency",)}
+CROSS_RUN = {3: "rq3", 4: "rq4", 5: "rq5"}
+
+
+def split_args(args: list[str], rq: list[str]) -> tuple[list[str], list[int]]:
+    """Runs and research questions: `--rq 1 2 6` leaves 2 and 6 among the arguments, so an
+    argument that is a question number (and no directory) counts as one; `--rq 1,2` works too."""
+    runs: list[str] = []
+    numbers = [part for item in rq for part in item.split(",") if part.strip()]
+    for arg in args:
+        if arg.isdigit() and int(arg) in RQS and not Path(arg).exists():
+            numbers.append(arg)
+        else:
+            runs.append(arg)
+    try:
+        chosen = sorted({int(n) for n in numbers})
+    except ValueError:
+        raise KvscopeError(f"--rq takes question numbers {RQS}, got {numbers}") from None
+    if bad := [n for n in chosen if n not in RQS]:
+        raise KvscopeError(f"no research question {bad[0]}: choose from {RQS}")
+    if not runs:
+        raise KvscopeError("name at least one run directory or MLflow run id")
+    return runs, chosen
+
+
+def print_section(section: "Section", label: str = "") -> None:
+    console.print(f"\n[bold]{section.title}[/]" + (f" ({label})" if label else ""))
+    for note in section.notes:
+        console.print(note, style="dim", highlight=False)
+    for view in section.tables:
+        table = Table(title=view.title or None, title_justify="left", show_header=any(view.headers))
+        for head, text in zip(view.headers, view.text or [False] * len(view.headers), strict=True):
+            table.add_column(head, justify="left" if text else "right", no_wrap=text)
+        for row in view.rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+@friendly
+def analyze(
+    runs: Annotated[list[str], typer.Argument(help="Run directories or MLflow run ids.")],
+    rq: Annotated[
+        list[str],
+        typer.Option(
+            help="Research questions to show: --rq 1 2 6 (default: 1 2 6 for one run; "
+            "3 4 5 for several)."
+        ),
+    ] = [],  # noqa: B006 (typer reads the default; it is never mutated)
+    runs_dir: Annotated[Path, RUNS_DIR_OPTION] = Path("runs"),
+    tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
+) -> None:
+    """Print the analyses of RQ1 (agents, turns), RQ2 (transitions), RQ6 (workflow time) and,
+    across runs, RQ3 (layout), RQ4 (cache pressure) and RQ5 (sharing)."""
+    from kvscope.report import html
+
+    refs, chosen = split_args(runs, rq)
+    if not chosen:
+        chosen = [1, 2, 6] if len(refs) == 1 else [3, 4, 5]
+    dirs = [resolve_run(r, runs_dir, tracking_uri) for r in refs]
+    data = [html.load_run(d, label) for d, label in zip(dirs, html.run_labels(dirs), strict=True)]
+    for d in data:
+        sections = {s.key: s for s in html.run_sections(d)}
+        for n in (n for n in chosen if n in PER_RUN):
+            for key in PER_RUN[n]:
+                print_section(sections[key], d.label if len(data) > 1 else "")
+    if any(n in CROSS_RUN for n in chosen):
+        cross = {s.key: s for s in html.cross_run_sections(data)}
+        for n in (n for n in chosen if n in CROSS_RUN):
+            print_section(cross[CROSS_RUN[n]])
