@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import yaml
 from prometheus_client.metrics_core import Metric
 
 from kvscope import environment, finalize, store
 from kvscope.analysis import evictions, provenance
 from kvscope.analysis.agents import AgentSummary, overall, per_agent
-from kvscope.analysis.evictions import Cell, TransitionHarm
+from kvscope.analysis.evictions import TransitionHarm
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.collect.kv_events import KvEventListener, summary_dict
@@ -34,7 +35,8 @@ from kvscope.probe.client import Probe, RunInfo
 from kvscope.probe.runtime import ProfiledRuntime
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.tracing import TraceAudit, Tracer, TrackingRun
-from kvscope.report import heatmap, timeline
+from kvscope.report import plots, timeline
+from kvscope.report.html import REPORT_HTML, run_report
 from kvscope.workload import peer, prompts
 
 
@@ -66,7 +68,7 @@ class RunOutcome:
     server_agents: dict[str, dict[str, float]] = field(default_factory=dict)  # SGLang agent label
     kv: finalize.KvReport | None = None  # Level 3: KV events received and their gaps
     provenance: dict[str, dict[str, int]] = field(default_factory=dict)  # per agent
-    evictions: list[Cell] = field(default_factory=list)
+    evictions: list[dict[str, Any]] = field(default_factory=list)  # evictor x victim rows
     harm: list[TransitionHarm] = field(default_factory=list)
 
 
@@ -196,7 +198,7 @@ ARTIFACTS = (
     store.REQUESTS_PARQUET, "config.yaml", "launch_command.txt", "environment.json",
     store.RUN_JSON, "summary.json", "engine.log", finalize.METRICS_PARQUET, "metrics.gaps.json",
     "timeline.png", finalize.KV_EVENTS_PARQUET, finalize.BLOCKS_PARQUET, finalize.KV_SUMMARY,
-    "evictions.png",
+    "evictions.png", REPORT_HTML,
 )  # fmt: skip
 
 
@@ -222,9 +224,13 @@ def _close(
     table, skipped, series = tables.rows, tables.skipped_lines, tables.series
     rows = len(table)
     evicted = evictions.summary(tables.blocks) if tables.kv else {}
-    if tables.kv and tables.blocks:
-        heatmap.plot(evictions.matrix(tables.blocks), run_dir / "evictions.png",
-                     f"{run_id}: evictions")  # fmt: skip
+    pairs = (
+        evictions.matrix(pa.Table.from_pylist(tables.blocks, schema=finalize.BLOCKS_SCHEMA))
+        .to_pylist() if tables.kv else []
+    )  # fmt: skip
+    if pairs:
+        plots.write_png(plots.eviction_heatmap(pa.Table.from_pylist(pairs)),
+                        run_dir / "evictions.png")  # fmt: skip
     agents, total = per_agent(table), overall(table)
     counters = {name: [v for _, v in pts] for name, pts in series.items()}
     recon = reconcile(table, counters, counter_delta) if scraper is not None else []
@@ -238,12 +244,17 @@ def _close(
         "kv_events": asdict(tables.kv) if tables.kv else None,
         "evictions": {
             "summary": evicted,
-            "matrix": [asdict(c) for c in evictions.matrix(tables.blocks)],
+            "matrix": pairs,
             "by_transition": [asdict(t) for t in evictions.by_transition(tables.blocks)],
             "residency": [asdict(r) for r in evictions.residency(tables.blocks)],
         } if tables.kv else None,
     }  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    hooks.on_stage("writing report.html")
+    try:
+        run_report(run_dir)
+    except Exception as err:  # the tables are written: a report failure must not lose them
+        (run_dir / "report.error.txt").write_text(f"{type(err).__name__}: {err}\n")
     hooks.on_stage("logging to MLflow")
     tracking.log_metrics({
         **_metrics(agents, total),
@@ -269,7 +280,7 @@ def _close(
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
                       scraper.summary() if scraper else None, server, server_agents, tables.kv,
-                      provenance.by_agent(table), evictions.matrix(tables.blocks),
+                      provenance.by_agent(table), pairs,
                       evictions.by_transition(tables.blocks))  # fmt: skip
 
 

@@ -160,7 +160,7 @@ def test_empty_table() -> None:
 
 
 def test_eviction_pairs() -> None:
-    from kvscope.analysis.transitions import eviction_pairs
+    from kvscope.analysis.evictions import matrix as eviction_pairs
 
     blocks = pa.table(
         {

@@ -7,11 +7,13 @@ recomputes `a`. Workflow w2: planner D puts its own block before S (a layout tha
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from kvscope.analysis import evictions
 from kvscope.analysis.provenance import build_ledger, by_agent, provenance
 from kvscope.collect.kv_events import KvEvent
+from kvscope.finalize import BLOCKS_SCHEMA
 
 S = list(range(100, 108))
 a, b, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
@@ -102,11 +104,10 @@ def test_blocks_owner_evictor_and_harm(result) -> None:
 
 
 def test_eviction_tables(result) -> None:
-    [cell] = evictions.matrix(result.blocks)
-    assert (cell.evictor_agent_id, cell.victim_agent_id, cell.scope) == (
-        "executor", "planner", "same workflow",
-    )  # fmt: skip
-    assert (cell.evictions, cell.harmful, cell.recomputed_tokens) == (1, 1, 4)
+    [cell] = evictions.matrix(pa.Table.from_pylist(result.blocks, schema=BLOCKS_SCHEMA)).to_pylist()
+    assert (cell["evictor_agent_id"], cell["victim_agent_id"]) == ("executor", "planner")
+    assert (cell["evictions"], cell["same_workflow"], cell["harmful"]) == (1, 1, 1)
+    assert cell["recomputed_tokens"] == 4
     [harm] = evictions.by_transition(result.blocks)
     assert (harm.transition, harm.recomputed_tokens) == ("executor -> planner", 4)
     summary = evictions.summary(result.blocks)

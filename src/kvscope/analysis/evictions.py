@@ -10,19 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from kvscope.analysis.agents import AGENT_ORDER, percentile
+from kvscope.analysis.turns import agent_order, query
 
 UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class Cell:
-    evictor_agent_id: str
-    victim_agent_id: str
-    scope: str  # "same workflow" | "cross workflow" | "unknown"
-    evictions: int
-    harmful: int
-    recomputed_tokens: int
 
 
 @dataclass(frozen=True)
@@ -46,23 +39,36 @@ def _evicted(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [b for b in blocks if b["removal"] == "evicted"]
 
 
-def matrix(blocks: Sequence[dict[str, Any]]) -> list[Cell]:
-    """Evictor agent x victim agent, split by whether both were in the same workflow."""
-    cells: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for b in _evicted(blocks):
-        evictor, victim = b["evictor_agent_id"] or UNKNOWN, b["owner_agent_id"] or UNKNOWN
-        ew, vw = b["evictor_workflow_run_id"], b["owner_workflow_run_id"]
-        scope = UNKNOWN if ew is None or vw is None else (
-            "same workflow" if ew == vw else "cross workflow"
-        )  # fmt: skip
-        c = cells[(evictor, victim, scope)]
-        c[0] += 1
-        c[1] += bool(b["harmful"])
-        c[2] += b["recomputed_tokens"] or 0
-    return [
-        Cell(e, v, s, *c)
-        for (e, v, s), c in sorted(cells.items(), key=lambda kv: (rank(kv[0][0]), rank(kv[0][1])))
-    ]
+def matrix(blocks: pa.Table) -> pa.Table:
+    """Who evicted whom: evictor agent x victim agent over a run's block table (blocks.parquet).
+
+    A block counts as evicted when it was removed (removed_ns not null; where the table has a
+    `removal` column, only removal = 'evicted'). The victim is the agent that stored the block
+    (owner_agent_id); an agent that is not known is "unknown".
+    Columns: evictor_agent_id, victim_agent_id, evictions, same_workflow (evictions where
+    evictor and owner were the same workflow run), harmful (evicted blocks a later call needed
+    and recomputed), recomputed_tokens (sum over the harmful blocks; null when no block of the
+    pair has it measured),
+    residency_ms_p50 (how long the evicted blocks had lived).
+    """
+    removal = "AND removal = 'evicted'" if "removal" in blocks.column_names else ""
+    sql = f"""
+    SELECT * FROM (
+    SELECT coalesce(evictor_agent_id, 'unknown') AS evictor_agent_id,
+      coalesce(owner_agent_id, 'unknown') AS victim_agent_id,
+      count(*) AS evictions,
+      count(*) FILTER (WHERE evictor_workflow_run_id = owner_workflow_run_id) AS same_workflow,
+      count(*) FILTER (WHERE harmful) AS harmful,
+      CASE WHEN count(recomputed_tokens) > 0
+        THEN CAST(coalesce(sum(recomputed_tokens) FILTER (WHERE harmful), 0) AS BIGINT)
+      END AS recomputed_tokens,
+      quantile_cont(residency_ms, 0.5) AS residency_ms_p50
+    FROM blocks
+    WHERE removed_ns IS NOT NULL {removal}
+    GROUP BY ALL
+    ) ORDER BY {agent_order("evictor_agent_id")}, {agent_order("victim_agent_id")}
+    """
+    return query(sql, blocks=blocks)
 
 
 def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
@@ -100,10 +106,11 @@ def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float]:
         "recomputed_tokens": float(sum(b["recomputed_tokens"] or 0 for b in ev)),
         "evictions_unattributed_evictor": float(sum(b["evictor_agent_id"] is None for b in ev)),
     }
-    for c in matrix(blocks):
-        if c.harmful:
-            key = f"harm.{c.evictor_agent_id}_to_{c.victim_agent_id}.recomputed_tokens"
-            out[key] = out.get(key, 0.0) + c.recomputed_tokens
+    for b in ev:
+        if b["harmful"]:
+            pair = f"{b['evictor_agent_id'] or UNKNOWN}_to_{b['owner_agent_id'] or UNKNOWN}"
+            key = f"harm.{pair}.recomputed_tokens"
+            out[key] = out.get(key, 0.0) + (b["recomputed_tokens"] or 0)
     return out
 
 

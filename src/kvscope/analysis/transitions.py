@@ -97,35 +97,3 @@ def matrix(
     for r in rows:
         cells[froms.index(r["from_agent"])][tos.index(r["to_agent"])] = r[value]
     return froms, tos, cells
-
-
-def eviction_pairs(blocks: pa.Table) -> pa.Table:
-    """Who evicted whom: evictor agent x victim agent over a run's block table (blocks.parquet).
-
-    A block counts as evicted when it was removed (removed_ns not null; where the table has a
-    `removal` column, only removal = 'evicted'). The victim is the agent that stored the block
-    (owner_agent_id); an agent that is not known is "unknown".
-    Columns: evictor_agent_id, victim_agent_id, evictions, same_workflow (evictions where
-    evictor and owner were the same workflow run), harmful (evicted blocks a later call needed
-    and recomputed), recomputed_tokens (sum over the harmful blocks; null when no block of the
-    pair has it measured),
-    residency_ms_p50 (how long the evicted blocks had lived).
-    """
-    removal = "AND removal = 'evicted'" if "removal" in blocks.column_names else ""
-    sql = f"""
-    SELECT * FROM (
-    SELECT coalesce(evictor_agent_id, 'unknown') AS evictor_agent_id,
-      coalesce(owner_agent_id, 'unknown') AS victim_agent_id,
-      count(*) AS evictions,
-      count(*) FILTER (WHERE evictor_workflow_run_id = owner_workflow_run_id) AS same_workflow,
-      count(*) FILTER (WHERE harmful) AS harmful,
-      CASE WHEN count(recomputed_tokens) > 0
-        THEN CAST(coalesce(sum(recomputed_tokens) FILTER (WHERE harmful), 0) AS BIGINT)
-      END AS recomputed_tokens,
-      quantile_cont(residency_ms, 0.5) AS residency_ms_p50
-    FROM blocks
-    WHERE removed_ns IS NOT NULL {removal}
-    GROUP BY ALL
-    ) ORDER BY {agent_order("evictor_agent_id")}, {agent_order("victim_agent_id")}
-    """
-    return query(sql, blocks=blocks)

@@ -183,12 +183,13 @@ def _print_kv(outcome: "RunOutcome") -> None:
         console.print("evictions: none")
         return
     view = Table(title="evictions: evictor (inferred) -> victim", title_justify="left")
-    for i, head in enumerate(("evictor", "victim", "scope", "blocks", "harmful",
-                              "recomputed tokens")):  # fmt: skip
-        view.add_column(head, justify="left" if i < 3 else "right")
+    for i, head in enumerate(("evictor", "victim", "blocks", "same workflow", "harmful",
+                              "recomputed tokens", "residency p50 ms")):  # fmt: skip
+        view.add_column(head, justify="left" if i < 2 else "right")
     for c in outcome.evictions:
-        view.add_row(c.evictor_agent_id, c.victim_agent_id, c.scope, f"{c.evictions:,}",
-                     f"{c.harmful:,}", f"{c.recomputed_tokens:,}")  # fmt: skip
+        view.add_row(c["evictor_agent_id"], c["victim_agent_id"], f"{c['evictions']:,}",
+                     f"{c['same_workflow']:,}", f"{c['harmful']:,}",
+                     _n(c["recomputed_tokens"]), _n(c["residency_ms_p50"]))  # fmt: skip
     console.print(view)
     if outcome.harm:
         worst = ", ".join(f"{h.transition} {h.recomputed_tokens:,}" for h in outcome.harm)

@@ -16,14 +16,13 @@ import pyarrow.parquet as pq
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from kvscope import store
-from kvscope.analysis import latency, runs, transitions, turns
+from kvscope.analysis import evictions, latency, runs, transitions, turns
 from kvscope.collect.metrics import instant_series
 from kvscope.errors import KvscopeError
+from kvscope.finalize import BLOCKS_PARQUET, METRICS_PARQUET
 from kvscope.report import plots, timeline
 
 REPORT_HTML = "report.html"
-BLOCKS_PARQUET = "blocks.parquet"
-METRICS_PARQUET = "metrics.parquet"
 TIMELINE_PNG = "timeline.png"
 NULL = "—"  # shown for a value that was not measured
 
@@ -115,7 +114,7 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         calls=latency.call_rows(requests, fit),
         latency=latency.agent_breakdown(requests, fit),
         workflows=latency.workflow_breakdown(requests, fit),
-        evictions=transitions.eviction_pairs(pq.read_table(blocks)) if blocks.exists() else None,
+        evictions=evictions.matrix(pq.read_table(blocks)) if blocks.exists() else None,
         series=instant_series(pq.read_table(metrics)) if metrics.exists() else {},
     )
 

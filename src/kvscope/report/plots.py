@@ -48,6 +48,14 @@ def data_uri(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def write_png(uri: str | None, path: Path) -> Path | None:
+    """A data URI from this module as a PNG file (for MLflow artifacts); None if no figure."""
+    if uri is None:
+        return None
+    path.write_bytes(base64.b64decode(uri.split(",", 1)[1]))
+    return path
+
+
 def file_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
