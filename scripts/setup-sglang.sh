@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv-sglang: SGLang 0.5.23's own Python code on CPU torch, for the opt-in conformance
 # tests in tests/sglang_conformance (SGLang's real argument parser and resolver on kvscope's
-# launch command).
+# launch command; its metrics collectors, request-metrics exporter and KV event publisher
+# producing what kvscope parses).
 # An unsupported combination (sglang 0.5.23 pins torch 2.14.1): fine for tests, never a kvscope
 # dependency. Recipe: shared/notes/sglang-telemetry.md, "Using SGLang's own code on a CPU-only
 # machine". Idempotent: a stamp in .venv-sglang skips everything once an install is complete
@@ -20,6 +21,7 @@ full_deps=(
     ipython aiohttp dill gguf sentencepiece==0.2.1 partial-json-parser prometheus-client msgpack
     openai==2.8.0 transformers==5.19.0 tokenizers==0.23.2 compressed-tensors==0.18.0
     apache-tvm-ffi==0.1.11 triton==3.7.1
+    fastapi==0.165.0 # OpenAIServingBase (the x-custom-labels parser) imports it; pure Python
 )
 # torchvision from PyPI is a CUDA build: installed without its deps, it imports on CPU torch once
 # its two op schemas are declared (tests/sglang_conformance/server_args_probe.py does that).
