@@ -211,13 +211,6 @@ def test_scraper_and_per_agent_view(sglang: SglangProducer, engine: SglangEngine
     assert counter_delta(v for _, v in prompt) == sum(r.prompt_tokens for r in between)
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="kvscope bug: per_agent_server leaves cached_tokens out (shown as unknown) for an "
-    "agent that never had a cache hit; SGLang creates cached_tokens_total{agent=...} only at "
-    "the first hit, so beside that agent's prompt_tokens_total it means 0",
-)
 def test_agent_without_cache_hits_has_zero_cached(
     sglang: SglangProducer, engine: SglangEngine
 ) -> None:
@@ -232,13 +225,6 @@ def test_agent_without_cache_hits_has_zero_cached(
     assert view["cold-worker"].get("cached_tokens") == 0
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="kvscope bug: per_agent_server counts from the first scrape that has any per-agent "
-    "series, not from the first scrape; on a freshly started SGLang (no such series yet) the "
-    "requests that finished before that scrape are dropped from every agent's totals",
-)
 def test_fresh_engine_first_requests_count(sglang: SglangProducer, engine: SglangEngine) -> None:
     sglang.restart()  # freshly started: no request yet, so no prompt/cached/TTFT series
     reqs = requests("fresh", ("planner", 1300, 256, 0), ("executor", 900, 128, 32))

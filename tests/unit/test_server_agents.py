@@ -55,3 +55,27 @@ def test_sglang_agent_labels_over_the_run() -> None:
 def test_vllm_has_no_per_agent_view() -> None:
     text = (ROOT / "tests" / "fixtures" / "vllm-0.32.0" / "metrics.prom").read_text()
     assert per_agent_server(series_rows(VllmEngine, [text, text])) == {}
+
+
+def _row(ts: int, name: str, metric: str, agent: str | None, value: float) -> dict:
+    labels = json.dumps({"agent": agent} if agent else {}, separators=(",", ":"))
+    return {"timestamp_ns": ts, "kvscope_name": name, "metric_name": metric, "labels": labels,
+            "value": value}  # fmt: skip
+
+
+def test_fresh_engine_counts_from_the_first_scrape() -> None:
+    # Scrape 1 (t=1) has no labelled series yet; the planner's counters appear at t=2.
+    rows = [
+        _row(1, "running_requests", "sglang:num_running_reqs", None, 0.0),
+        _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "planner", 1300.0),
+        _row(2, "cached_tokens_total", "sglang:cached_tokens_total", "planner", 256.0),
+    ]
+    assert per_agent_server(rows) == {"planner": {"prompt_tokens": 1300.0, "cached_tokens": 256.0}}
+
+
+def test_agent_without_hits_has_zero_cached_tokens() -> None:
+    rows = [
+        _row(1, "running_requests", "sglang:num_running_reqs", None, 0.0),
+        _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "worker", 2400.0),
+    ]
+    assert per_agent_server(rows)["worker"] == {"prompt_tokens": 2400.0, "cached_tokens": 0.0}

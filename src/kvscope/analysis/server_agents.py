@@ -25,26 +25,30 @@ def per_agent_server(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, floa
     """agent -> {prompt_tokens, cached_tokens, ttft_mean_ms, e2e_mean_ms} from the /metrics series
     rows (metrics.parquet); empty when the engine labels nothing by agent (vLLM)."""
     points: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+    first: int | None = None  # the first scrape of all: a fresh engine has no labelled series yet
     for row in rows:
+        first = row["timestamp_ns"] if first is None else min(first, row["timestamp_ns"])
         part = _part(row)
         if part is not None:
             points[(row["kvscope_name"], part, row["labels"])].append(
                 (row["timestamp_ns"], row["value"])
             )
-    first = min((t for pts in points.values() for t, _ in pts), default=0)
     deltas: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     for (name, part, labels), pts in points.items():
         agent = json.loads(labels).get("agent")
         if not agent:
             continue
         pts = sorted(pts)
-        if pts[0][0] > first:
+        if first is not None and pts[0][0] > first:
             # A labelled counter appears at its first increment: before that it was 0.
             pts.insert(0, (first, 0.0))
         deltas[agent][(name, part)] += counter_delta(v for _, v in pts) or 0.0
     out: dict[str, dict[str, float]] = {}
     for agent, parts in deltas.items():
         view = {COUNTERS[name]: v for (name, part), v in parts.items() if part == "total"}
+        if "prompt_tokens" in view:
+            # SGLang creates cached_tokens_total{agent} at the agent's first hit: none yet is 0.
+            view.setdefault("cached_tokens", 0.0)
         for name, column in LATENCIES.items():
             count = parts.get((name, "count"))
             if count:
