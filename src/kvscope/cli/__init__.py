@@ -9,12 +9,14 @@ from kvscope.cli import analyze as analyze_commands
 from kvscope.cli import engine
 from kvscope.cli import report as report_commands
 from kvscope.cli import run as run_commands
+from kvscope.cli import sweep as sweep_commands
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
 app.add_typer(engine.app, name="engine")
 app.command("run")(run_commands.run)
 app.command("convert")(run_commands.convert)
 app.command("ui")(run_commands.ui)
+app.command("sweep")(sweep_commands.sweep)
 app.command("report")(report_commands.report)
 app.command("compare")(report_commands.compare)
 app.command("analyze")(analyze_commands.analyze)

@@ -1,0 +1,578 @@
+"""Sweeps: one base experiment, a matrix of changes, one `kvscope run` per point.
+
+A sweep file is YAML:
+
+    name: pressure                  # default: the file's name
+    base: {...}                     # an experiment config (as for `kvscope run`), or a path to one
+    matrix:                         # dotted path -> values; the points are the cartesian product
+      engine.kv_capacity_tokens: [null, 4096, 2048]
+      workload.concurrency: [1, 4]
+    points:                         # optional: explicit points, after the matrix's
+      - {workload.layout: role-first, workload.sharing: system}
+
+Every point is validated before anything starts. Points are grouped by their engine
+configuration: each group's engine starts once, serves the group's points (its prefix cache
+emptied before each one, so that no point inherits another's cache), then stops. Each point is
+one run directory and one MLflow run; `sweep.json` in the sweep's directory records every point's
+status and run directory as the sweep goes, and a failed point does not stop the sweep.
+"""
+
+import contextlib
+import copy
+import itertools
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvscope.config import EngineConfig, ExperimentConfig, config_hash, load_yaml, parse_experiment
+from kvscope.engines import make_engine
+from kvscope.engines import state as engine_state
+from kvscope.engines.runtime import reusable, start
+from kvscope.errors import ConfigError, EngineError
+
+SWEEP_JSON = "sweep.json"
+SWEEPS_DIR = "sweeps"  # under the base's runs_dir
+# Paths a point may not change: they belong to the sweep as a whole.
+SWEEP_WIDE = ("name", "runs_dir", "tracking")
+# How each engine empties its prefix cache (vLLM: VLLM_SERVER_DEV_MODE, set by kvscope).
+CACHE_RESET = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
+
+PENDING, RUNNING, OK, FAILED, INTERRUPTED, NOT_RUN = (
+    "pending", "running", "ok", "failed", "interrupted", "not run",
+)  # fmt: skip
+DONE = "done"  # the sweep's own status: running | done | interrupted | failed
+
+
+class SweepFile(BaseModel):
+    """The YAML file, before expansion."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    base: dict[str, Any] | str = Field(default_factory=dict)
+    matrix: dict[str, list[Any]] = Field(default_factory=dict)
+    points: list[dict[str, Any]] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    label: str  # the run's name: <sweep>-<key=value>-...
+    overrides: dict[str, Any]
+    config: ExperimentConfig
+
+
+@dataclass(frozen=True)
+class Group:
+    """Points that share one engine configuration, hence one engine process."""
+
+    index: int
+    engine: EngineConfig
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    source: str
+    points: tuple[Point, ...]
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.points[0].config.runs_dir
+
+    def groups(self) -> list[Group]:
+        by_engine: dict[str, list[Point]] = {}
+        engines: dict[str, EngineConfig] = {}
+        for p in self.points:
+            key = config_hash(p.config.engine)
+            by_engine.setdefault(key, []).append(p)
+            engines.setdefault(key, p.config.engine)
+        return [
+            Group(i, engines[key], tuple(points))
+            for i, (key, points) in enumerate(by_engine.items())
+        ]
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def load_sweep(path: Path, **overrides: Any) -> Sweep:
+    """Read, expand and validate a sweep file. `overrides`: runs_dir / tracking_uri for all."""
+    return parse_sweep(load_yaml(path), str(path), path.parent, **overrides)
+
+
+def parse_sweep(
+    data: dict[str, Any],
+    source: str,
+    base_dir: Path = Path("."),
+    *,
+    runs_dir: Path | None = None,
+    tracking_uri: str | None = None,
+) -> Sweep:
+    try:
+        spec = SweepFile.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_one_line(err)}") from None
+    name = spec.name or Path(source).stem
+    base = _base(spec.base, source, base_dir)
+    if runs_dir is not None:
+        base["runs_dir"] = str(runs_dir)
+    if tracking_uri is not None:
+        base["tracking"] = {**(base.get("tracking") or {}), "tracking_uri": tracking_uri}
+    changes = expand(spec.matrix, spec.points, source)
+    points: list[Point] = []
+    seen: dict[str, str] = {}
+    for i, change in enumerate(changes):
+        label = point_label(name, change)
+        cfg = parse_experiment(
+            apply(base, {**change, "name": label}, source), f"{source}: point {label}"
+        )
+        _check_experiment(cfg, f"{source}: point {label}")
+        key = config_hash(cfg.model_copy(update={"name": name}))
+        if key in seen:
+            raise ConfigError(f"{source}: points {seen[key]} and {label} are the same experiment")
+        seen[key] = label
+        points.append(Point(i, label, change, cfg))
+    return Sweep(name, source, tuple(points))
+
+
+def _base(base: dict[str, Any] | str, source: str, base_dir: Path) -> dict[str, Any]:
+    if isinstance(base, str):
+        return load_yaml((base_dir / base) if not Path(base).is_absolute() else Path(base))
+    return copy.deepcopy(base)
+
+
+def expand(
+    matrix: dict[str, list[Any]], points: Sequence[dict[str, Any]], source: str = "sweep"
+) -> list[dict[str, Any]]:
+    """The matrix's cartesian product (first key slowest), then the explicit points."""
+    for key, values in matrix.items():
+        if not values:
+            raise ConfigError(f"{source}: matrix {key}: needs at least one value")
+    product = (
+        [dict(zip(matrix, combo, strict=True)) for combo in itertools.product(*matrix.values())]
+        if matrix
+        else []
+    )
+    changes = [*product, *(dict(p) for p in points)]
+    if not changes:
+        raise ConfigError(f"{source}: a sweep needs a `matrix` or `points`")
+    for change in changes:
+        for key in change:
+            if key.split(".")[0] in SWEEP_WIDE:
+                raise ConfigError(
+                    f"{source}: {key} is the same for the whole sweep: set it in `base`"
+                )
+    return changes
+
+
+def apply(base: dict[str, Any], change: dict[str, Any], source: str = "sweep") -> dict[str, Any]:
+    """A copy of `base` with each dotted path of `change` set."""
+    out = copy.deepcopy(base)
+    for path, value in change.items():
+        keys = path.split(".")
+        node = out
+        for i, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                where = ".".join(keys[: i + 1])
+                raise ConfigError(f"{source}: {path}: {where} is not a mapping")
+            node = child
+        node[keys[-1]] = copy.deepcopy(value)
+    return out
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=+-]+")
+
+
+def point_label(sweep: str, change: dict[str, Any]) -> str:
+    """`<sweep>-<key=value>-...`, keyed by each path's last part unless two would clash."""
+    lasts = [k.split(".")[-1] for k in change]
+    parts = [sweep]
+    for key, value in change.items():
+        short = key.split(".")[-1]
+        name = short if lasts.count(short) == 1 else key
+        parts.append(_UNSAFE.sub("_", f"{name}={_value_text(value)}"))
+    return "-".join(parts)
+
+
+def _value_text(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def _check_experiment(cfg: ExperimentConfig, source: str) -> None:
+    """The checks `kvscope run` makes before starting (e.g. prompt lengths vs context)."""
+    from kvscope.experiment import _check  # experiment.py owns them; MLflow loads with it
+
+    try:
+        _check(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _one_line(err: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'sweep'}: {e['msg']}" for e in err.errors()
+    )
+
+
+def preflight(sweep: Sweep) -> None:
+    """Engine checks before anything starts: installed, model, capacity, free ports.
+
+    An engine that `kvscope engine up` left running serves the group with its exact
+    configuration (and keeps running); any other live engine is refused, because the sweep
+    records its own engines where `kvscope engine status/down` look.
+    """
+    up = engine_state.load()
+    for group in sweep.groups():
+        engine = make_engine(group.engine)
+        if reusable(engine) is not None:
+            continue
+        if up is not None and up.alive():
+            raise EngineError(
+                f"an engine with another configuration is up (pid {up.pid}, "
+                f"{up.endpoints.base_url}); `kvscope engine down` first"
+            )
+        engine.preflight()
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+class Outcome(Protocol):
+    """What the sweep reads from a run (kvscope.experiment.RunOutcome)."""
+
+    benchmark_run_id: str
+    run_dir: Path
+    mlflow_run_id: str | None
+    error: str | None
+
+    @property
+    def workflows(self) -> Sequence[Any]: ...
+
+    @property
+    def agents(self) -> Sequence[Any]: ...
+
+    @property
+    def total(self) -> Any: ...
+
+
+EngineStarter = Callable[[EngineConfig, Path], AbstractContextManager[object]]
+CacheReset = Callable[[EngineConfig], str | None]
+
+
+@dataclass
+class PointResult:
+    index: int
+    label: str
+    overrides: dict[str, Any]
+    engine_group: int
+    status: str = PENDING
+    run_dir: str | None = None
+    benchmark_run_id: str | None = None
+    mlflow_run_id: str | None = None
+    error: str | None = None
+    seconds: float | None = None
+    workflows_failed: int | None = None
+    hit_ratio: float | None = None  # weighted, all agents
+    agent_hit_ratio: dict[str, float | None] = field(default_factory=dict)
+    note: str | None = None
+
+
+@dataclass
+class SweepHooks:
+    """Progress callbacks (all optional); `run_hooks` are handed to each run."""
+
+    on_point: Callable[[Point], None] = lambda _: None
+    on_point_done: Callable[[PointResult], None] = lambda _: None
+    on_stage: Callable[[str], None] = lambda _: None
+    run_hooks: Any = None  # kvscope.experiment.Hooks
+
+
+@dataclass
+class SweepRecord:
+    """sweep.json: rewritten whenever a point changes state."""
+
+    path: Path
+    sweep: str
+    source: str
+    status: str
+    started_at: str
+    groups: list[dict[str, Any]]
+    points: list[PointResult]
+    finished_at: str | None = None
+    compare_report: str | None = None
+
+    @classmethod
+    def new(cls, sweep: Sweep, out_dir: Path) -> "SweepRecord":
+        groups = sweep.groups()
+        where = {p.index: g.index for g in groups for p in g.points}
+        return cls(
+            path=out_dir / SWEEP_JSON,
+            sweep=sweep.name,
+            source=sweep.source,
+            status=RUNNING,
+            started_at=_now(),
+            groups=[
+                {
+                    "index": g.index,
+                    "engine_hash": config_hash(g.engine),
+                    "engine": g.engine.model_dump(mode="json"),
+                    "points": [p.index for p in g.points],
+                }
+                for g in groups
+            ],
+            points=[
+                PointResult(p.index, p.label, p.overrides, where[p.index]) for p in sweep.points
+            ],
+        )
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.points:
+            out[p.status] = out.get(p.status, 0) + 1
+        return out
+
+    def write(self) -> None:
+        doc = {
+            "sweep": self.sweep,
+            "source": self.source,
+            "status": self.status,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "counts": self.counts(),
+            "compare_report": self.compare_report,
+            "groups": self.groups,
+            "points": [asdict(p) for p in self.points],
+        }
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, default=str))
+        os.replace(tmp, self.path)
+
+
+def new_sweep_dir(sweep: Sweep) -> Path:
+    base = sweep.runs_dir.resolve() / SWEEPS_DIR
+    path = base / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = base / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def run_sweep(
+    sweep: Sweep,
+    out_dir: Path,
+    *,
+    hooks: SweepHooks | None = None,
+    start_engine: EngineStarter | None = None,
+    run_point: Callable[[ExperimentConfig, Any], Outcome] | None = None,
+    reset_cache: CacheReset | None = None,
+) -> SweepRecord:
+    """Run every point, one engine per group; a failed point is recorded and the sweep goes on.
+
+    Ctrl-C (or SIGTERM): the running point keeps what it measured, the group's engine is
+    stopped, the remaining points are recorded as not run, and the interrupt propagates.
+    """
+    hooks = hooks or SweepHooks()
+    start_engine = start_engine or group_engine
+    reset_cache = reset_cache or reset_prefix_cache
+    if run_point is None:
+        from kvscope.experiment import run_experiment
+
+        run_point = run_experiment
+    record = SweepRecord.new(sweep, out_dir)
+    record.write()
+    try:
+        groups = sweep.groups()
+        for group in groups:
+            hooks.on_stage(f"starting {group.engine.kind} (engine {group.index + 1}/{len(groups)})")
+            _run_group(group, out_dir, record, hooks, start_engine, run_point, reset_cache)
+        record.status = DONE
+    except (KeyboardInterrupt, SystemExit):
+        record.status = INTERRUPTED
+        raise
+    except BaseException:
+        record.status = FAILED  # a bug, not a point's failure: those are recorded and passed
+        raise
+    finally:
+        for p in record.points:
+            if p.status in (PENDING, RUNNING):
+                p.status = NOT_RUN
+        record.finished_at = _now()
+        record.write()
+    return record
+
+
+def _run_group(
+    group: Group,
+    out_dir: Path,
+    record: SweepRecord,
+    hooks: SweepHooks,
+    start_engine: EngineStarter,
+    run_point: Callable[[ExperimentConfig, Any], Outcome],
+    reset_cache: CacheReset,
+) -> None:
+    try:
+        with start_engine(group.engine, out_dir / f"engine-{group.index}.log"):
+            for point in group.points:
+                _run_point(point, record, hooks, run_point, reset_cache)
+    except Exception as err:  # the engine did not start (or did not stop): not the points' fault
+        for point in group.points:
+            result = record.points[point.index]
+            if result.status == PENDING:
+                result.status, result.error = FAILED, f"engine: {_message(err)}"
+                hooks.on_point_done(result)
+        record.write()
+
+
+def _run_point(
+    point: Point,
+    record: SweepRecord,
+    hooks: SweepHooks,
+    run_point: Callable[[ExperimentConfig, Any], Outcome],
+    reset_cache: CacheReset,
+) -> None:
+    result = record.points[point.index]
+    result.status = RUNNING
+    record.write()
+    hooks.on_point(point)
+    runs_dir = point.config.runs_dir.resolve()
+    before = _run_dirs(runs_dir, point.label)
+    t0 = time.monotonic()
+    try:
+        hooks.on_stage("emptying the prefix cache")
+        result.note = reset_cache(point.config.engine)
+        outcome = run_point(point.config, hooks.run_hooks)
+    except Exception as err:
+        result.status, result.error = FAILED, _message(err)
+        result.run_dir = _new_run_dir(runs_dir, point.label, before)
+    except BaseException:
+        result.status = INTERRUPTED
+        result.run_dir = _new_run_dir(runs_dir, point.label, before)
+        raise
+    else:
+        result.status = OK if outcome.error is None else FAILED
+        result.error = outcome.error
+        result.run_dir = str(outcome.run_dir)
+        result.benchmark_run_id = outcome.benchmark_run_id
+        result.mlflow_run_id = outcome.mlflow_run_id
+        result.workflows_failed = sum(1 for w in outcome.workflows if not w.ok)
+        result.hit_ratio = outcome.total.weighted_hit_ratio
+        result.agent_hit_ratio = {a.agent_id: a.weighted_hit_ratio for a in outcome.agents}
+    finally:
+        result.seconds = round(time.monotonic() - t0, 2)
+        record.write()
+        if result.status != RUNNING:
+            hooks.on_point_done(result)
+
+
+def _run_dirs(runs_dir: Path, label: str) -> set[str]:
+    if not runs_dir.is_dir():
+        return set()
+    return {p.name for p in runs_dir.iterdir() if p.name.startswith(f"{label}-")}
+
+
+def _new_run_dir(runs_dir: Path, label: str, before: set[str]) -> str | None:
+    """The run directory a failed point created (run_experiment makes it before starting)."""
+    new = sorted(_run_dirs(runs_dir, label) - before)
+    return str(runs_dir / new[-1]) if new else None
+
+
+def _message(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}".rstrip(": ")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --- the engine of a group -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def group_engine(cfg: EngineConfig, log_path: Path) -> Iterator[object]:
+    """The engine for one group of points, as `kvscope engine up` would leave it, then stopped.
+
+    Recording it in kvscope's engine state is what lets each point's run (`running()` in
+    kvscope.engines.runtime) reuse it instead of starting its own; `kvscope engine status`
+    shows it meanwhile. An engine that `engine up` already left with this exact configuration
+    is used as it is and left running.
+    """
+    engine = make_engine(cfg)
+    if reusable(engine) is not None:
+        yield None
+        return
+    handle = start(engine, log_path)
+    proc = handle.process
+    try:
+        if proc is not None:
+            engine_state.save(
+                engine_state.EngineState(
+                    kind=engine.name,
+                    pid=proc.pid,
+                    descendants=tuple(proc.descendants()),
+                    endpoints=handle.endpoints,
+                    launch_command=handle.launch.shell() if handle.launch else None,
+                    log_path=str(log_path),
+                    startup_s=handle.startup_s,
+                    config=cfg.model_dump(mode="json"),
+                )
+            )
+        yield handle
+    finally:
+        try:
+            if proc is not None:
+                st = engine_state.load()
+                if st is not None and st.pid == proc.pid:
+                    engine_state.clear()
+        finally:
+            handle.stop()
+
+
+def reset_prefix_cache(cfg: EngineConfig, attempts: int = 20) -> str | None:
+    """Empty the engine's prefix cache, so that a point starts cold; a note when it cannot."""
+    path = CACHE_RESET.get(cfg.kind)
+    if path is None:
+        return f"prefix cache not reset between points ({cfg.kind}: no known reset endpoint)"
+    url = f"{make_engine(cfg).endpoints().base_url}{path}"
+    last = ""
+    for _ in range(attempts):  # refused while blocks are still held: retry
+        try:
+            reply = httpx.post(url, timeout=30)
+            if reply.status_code == 200 and _reset_ok(cfg, reply):
+                return None
+            last = f"HTTP {reply.status_code} {reply.text[:200]}"
+        except httpx.HTTPError as err:
+            last = str(err)
+        time.sleep(0.5)
+    raise EngineError(f"could not empty the prefix cache ({url}): {last}")
+
+
+def _reset_ok(cfg: EngineConfig, reply: httpx.Response) -> bool:
+    if cfg.kind != "vllm":
+        return True
+    with contextlib.suppress(ValueError):
+        return bool(reply.json().get("success"))
+    return False
