@@ -160,6 +160,9 @@ class ExperimentConfig(BaseModel):
     # The design note suggests 250 ms; a busy 2-core machine stalls the engine's /metrics for
     # half a second at times, so runs sample at 200 ms to keep >= 4 real samples per second.
     metrics_interval_s: float = Field(0.2, gt=0, description="/metrics sampling interval.")
+    cold_start: bool = Field(
+        True, description="Empty the engine's prefix cache before the workload (reused engines)."
+    )
 
 
 def parse_experiment(data: dict[str, Any], source: str = "config") -> ExperimentConfig:

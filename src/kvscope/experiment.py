@@ -29,8 +29,8 @@ from kvscope.config import ExperimentConfig, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
 from kvscope.engines.base import Engine
 from kvscope.engines.detect import detect, fetch_metrics
-from kvscope.engines.runtime import running
-from kvscope.errors import ConfigError
+from kvscope.engines.runtime import reset_cache, running
+from kvscope.errors import ConfigError, EngineError
 from kvscope.probe.client import Probe, RunInfo
 from kvscope.probe.runtime import ProfiledRuntime
 from kvscope.probe.tokens import ChatTokenizer
@@ -96,6 +96,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
             if caps.family:
                 families = _metric_families(handle.endpoints.metrics_url)
                 facts = ENGINES[caps.family].runtime_facts(families)
+            cache_reset = _cold_start(cfg, engine, handle.endpoints.base_url)
             env = environment.collect(
                 engine, launch=handle.launch, capabilities=caps, runtime=facts
             )
@@ -104,6 +105,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
                 "configuration_hash": config_hash(cfg),
                 "config": cfg.model_dump(mode="json"),
                 "launch_command": handle.launch.shell() if handle.launch else None,
+                "cache_reset": cache_reset,
                 "environment": env,
             }
             (run_dir / store.RUN_JSON).write_text(json.dumps(run_json, indent=2, default=str))
@@ -166,14 +168,14 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
                     (run_dir / finalize.KV_SUMMARY).write_text(
                         json.dumps(summary_dict(summary), indent=2) + "\n"
                     )
-    except (Exception, KeyboardInterrupt) as err:
+    except (Exception, KeyboardInterrupt, SystemExit) as err:  # SystemExit: SIGTERM
         if tracking is None:  # nothing was measured yet: nothing to keep
             raise
         failure = err
     outcome = _close(
         run_id, run_dir, results, tracking, scraper, engine, hooks, failure, cfg.tracking.traces
     )
-    if isinstance(failure, KeyboardInterrupt):
+    if isinstance(failure, KeyboardInterrupt | SystemExit):
         raise failure
     return outcome
 
@@ -327,6 +329,17 @@ def _tokenizer(engine: Any) -> Any:
     return Tokenizer.from_file(str(path))
 
 
+def _cold_start(cfg: ExperimentConfig, engine: Engine, base_url: str) -> str:
+    """Empty the prefix cache (an `engine up` engine holds earlier runs' blocks); what happened."""
+    if not cfg.cold_start:
+        return "kept (cold_start: false)"
+    try:
+        note = reset_cache(engine, base_url)
+    except EngineError as err:
+        return f"not reset: {err}"
+    return note or "emptied before the workload"
+
+
 def _chat_tokenizer(engine: Engine) -> ChatTokenizer | None:
     """The model's own tokenizer and chat template, where kvscope can read the model folder."""
     path = engine.model_facts().get("path")
@@ -361,6 +374,8 @@ def _params(cfg: ExperimentConfig, model: str, version: str | None, facts: dict[
         "concurrency": w.concurrency,
         "prompt_mode": w.mode,
         "prompt_layout": w.layout,
+        "prompt_sharing": w.sharing if w.mode == "tasks" else None,
+        "cold_start": cfg.cold_start,
         "prompt_template_version": prompts.TEMPLATE_VERSION,
         "max_tokens": w.max_tokens if w.mode == "tasks" else w.synthetic.output_tokens,
         "fixed_prompt_tokens": w.synthetic.fixed_tokens if w.mode == "synthetic" else None,

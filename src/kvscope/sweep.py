@@ -31,13 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvscope.config import EngineConfig, ExperimentConfig, config_hash, load_yaml, parse_experiment
 from kvscope.engines import make_engine
 from kvscope.engines import state as engine_state
-from kvscope.engines.runtime import reusable, start
+from kvscope.engines.runtime import reset_cache, reusable, start
 from kvscope.errors import ConfigError, EngineError
 
 SWEEP_JSON = "sweep.json"
@@ -45,7 +44,6 @@ SWEEPS_DIR = "sweeps"  # under the base's runs_dir
 # Paths a point may not change: they belong to the sweep as a whole.
 SWEEP_WIDE = ("name", "runs_dir", "tracking")
 # How each engine empties its prefix cache (vLLM: VLLM_SERVER_DEV_MODE, set by kvscope).
-CACHE_RESET = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
 
 PENDING, RUNNING, OK, FAILED, INTERRUPTED, NOT_RUN = (
     "pending", "running", "ok", "failed", "interrupted", "not run",
@@ -551,28 +549,7 @@ def group_engine(cfg: EngineConfig, log_path: Path) -> Iterator[object]:
             handle.stop()
 
 
-def reset_prefix_cache(cfg: EngineConfig, attempts: int = 20) -> str | None:
+def reset_prefix_cache(cfg: EngineConfig) -> str | None:
     """Empty the engine's prefix cache, so that a point starts cold; a note when it cannot."""
-    path = CACHE_RESET.get(cfg.kind)
-    if path is None:
-        return f"prefix cache not reset between points ({cfg.kind}: no known reset endpoint)"
-    url = f"{make_engine(cfg).endpoints().base_url}{path}"
-    last = ""
-    for _ in range(attempts):  # refused while blocks are still held: retry
-        try:
-            reply = httpx.post(url, timeout=30)
-            if reply.status_code == 200 and _reset_ok(cfg, reply):
-                return None
-            last = f"HTTP {reply.status_code} {reply.text[:200]}"
-        except httpx.HTTPError as err:
-            last = str(err)
-        time.sleep(0.5)
-    raise EngineError(f"could not empty the prefix cache ({url}): {last}")
-
-
-def _reset_ok(cfg: EngineConfig, reply: httpx.Response) -> bool:
-    if cfg.kind != "vllm":
-        return True
-    with contextlib.suppress(ValueError):
-        return bool(reply.json().get("success"))
-    return False
+    engine = make_engine(cfg)
+    return reset_cache(engine, engine.endpoints().base_url)

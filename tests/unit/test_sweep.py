@@ -375,14 +375,16 @@ def test_reset_retries_until_vllm_says_success(monkeypatch: pytest.MonkeyPatch) 
         urls.append(url)
         return httpx.Response(200, json=next(answers))
 
-    monkeypatch.setattr(sweep_mod.httpx, "post", post)
-    monkeypatch.setattr(sweep_mod.time, "sleep", lambda _: None)
+    from kvscope.engines import make_engine, runtime
+
+    monkeypatch.setattr(runtime.httpx, "post", post)
+    monkeypatch.setattr(runtime.time, "sleep", lambda _: None)
     cfg = EngineConfig(port=8200, kv_events_port=5700)
     assert reset_prefix_cache(cfg) is None
     assert urls == ["http://127.0.0.1:8200/reset_prefix_cache"] * 2
-    monkeypatch.setattr(sweep_mod.httpx, "post", lambda url, **_: httpx.Response(400, text="busy"))
+    monkeypatch.setattr(runtime.httpx, "post", lambda url, **_: httpx.Response(400, text="busy"))
     with pytest.raises(EngineError, match=r"could not empty the prefix cache .* HTTP 400 busy"):
-        reset_prefix_cache(cfg, attempts=2)
+        runtime.reset_cache(make_engine(cfg), "http://127.0.0.1:8200", attempts=2)
     note = reset_prefix_cache(EngineConfig(kind="attach", url="http://gpu:30000"))
     assert note is not None and "not reset" in note
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import httpx
 from prometheus_client.metrics_core import Metric
 
 from kvscope.config import EngineConfig
@@ -116,11 +117,17 @@ class Engine(ABC):
     name: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     metric_prefix: ClassVar[str] = ""
+    cache_reset_path: ClassVar[str | None] = None  # POST empties the prefix cache; None: no way
     # kvscope instant value (INSTANT_VALUES) -> this engine's sample that gives it as is, summed
     # over label sets. A name missing here is derived (derived_values) or not exposed (None).
     metric_samples: ClassVar[dict[str, str]] = {}
     # kvscope latency (LATENCIES) -> this engine's histogram; missing = not exposed
     latency_histograms: ClassVar[dict[str, LatencyHistogram]] = {}
+
+    @classmethod
+    def cache_reset_ok(cls, reply: httpx.Response) -> bool:
+        """Whether a 200 reply to cache_reset_path means the cache is empty now."""
+        return True
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

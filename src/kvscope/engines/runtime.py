@@ -1,5 +1,6 @@
 """Start an engine, wait until it is healthy, and always stop it: also on Ctrl-C and errors."""
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,3 +71,21 @@ def running(engine: Engine, log_path: Path, *, reuse: bool = True) -> Iterator[R
         yield handle
     finally:
         handle.stop()
+
+
+def reset_cache(engine: Engine, base_url: str, attempts: int = 20) -> str | None:
+    """Empty the engine's prefix cache so that a run starts cold; a note when it cannot."""
+    path = engine.cache_reset_path
+    if path is None:
+        return f"prefix cache not reset ({engine.name}: no known reset endpoint)"
+    url, last = f"{base_url}{path}", ""
+    for _ in range(attempts):  # refused while blocks are still held: retry
+        try:
+            reply = httpx.post(url, timeout=30)
+            if reply.status_code == 200 and engine.cache_reset_ok(reply):
+                return None
+            last = f"HTTP {reply.status_code} {reply.text[:200]}"
+        except httpx.HTTPError as err:
+            last = str(err)
+        time.sleep(0.5)
+    raise EngineError(f"could not empty the prefix cache ({url}): {last}")

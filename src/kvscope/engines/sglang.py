@@ -46,6 +46,7 @@ def importable(python: str, module: str) -> bool:
 class SglangEngine(Engine):
     name: ClassVar[str] = "sglang"
     metric_prefix: ClassVar[str] = "sglang:"
+    cache_reset_path: ClassVar[str | None] = "/flush_cache"
     # Tokenizer counters carry the `agent` label (and cached_tokens_total `cache_source`:
     # device / host / storage); kvscope_values sums them. kv_used_tokens excludes the evictable
     # radix-cached slots (sglang:kv_evictable_tokens), as vLLM's usage does.

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
@@ -43,6 +44,7 @@ def install(report: Report) -> tuple[Path, Path]:
 class VllmEngine(Engine):
     name: ClassVar[str] = "vllm"
     metric_prefix: ClassVar[str] = "vllm:"
+    cache_reset_path: ClassVar[str | None] = "/reset_prefix_cache"  # needs VLLM_SERVER_DEV_MODE
     # No cache-hit-rate or generation-throughput gauge and no eviction counter in vLLM 0.32:
     # those stay None. kv_used_tokens and kv_capacity_tokens are derived (derived_values).
     metric_samples: ClassVar[dict[str, str]] = {
@@ -146,6 +148,14 @@ class VllmEngine(Engine):
             "prefill_ms": metrics.get("time_to_first_token_ms"),
             "decode_ms": metrics.get("generation_time_ms"),
         }
+
+    @classmethod
+    def cache_reset_ok(cls, reply: httpx.Response) -> bool:
+        # vLLM answers 200 with {"success": false} while running requests still hold blocks.
+        try:
+            return bool(reply.json().get("success"))
+        except ValueError:
+            return False
 
     def request_tags(
         self, request_uuid: str, agent_id: str
