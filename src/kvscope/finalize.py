@@ -104,17 +104,8 @@ def load_series(run_dir: Path) -> Series:
 
 def load_tokens(run_dir: Path) -> dict[str, list[int]]:
     path = run_dir / TOKENS_JSONL
-    out: dict[str, list[int]] = {}
-    if not path.exists():
-        return out
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line
-            out[row["request_uuid"]] = row["token_ids"]
-    return out
+    rows = store.read_jsonl(path)[0] if path.exists() else []
+    return {r["request_uuid"]: r["token_ids"] for r in rows}
 
 
 class TokenLog:

@@ -52,10 +52,17 @@ def sglang_interpreter() -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> SglangEngine:
-    """kvscope's SGLang engine as a run would configure it (pressure knobs set)."""
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder with only a tiny Llama config.json (no weights)."""
     model = tmp_path_factory.mktemp("tiny-llama")
     (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return model
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> SglangEngine:
+    """kvscope's SGLang engine as a run would configure it (pressure knobs set)."""
+    model = tiny_model
     port = free_port()
     kv_port = free_port(2)
     while port in (kv_port, kv_port + 1):

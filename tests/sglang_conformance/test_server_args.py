@@ -6,7 +6,6 @@ interpreter.
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,28 +19,7 @@ from kvscope.errors import KvscopeError
 
 pytestmark = pytest.mark.sglang
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = REPO / ".venv-sglang"
-STAMP = DEFAULT_VENV / ".kvscope-sglang-complete"  # written last by scripts/setup-sglang.sh
 PROBE = Path(__file__).with_name("server_args_probe.py")
-SETUP_HINT = "run scripts/test-sglang.sh (or scripts/setup-sglang.sh) to create it"
-
-# A tiny Llama config: ServerArgs.resolve_once() reads the model's config.json (no weights).
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 1000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "bos_token_id": 0,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
 
 # Parsed only: prepare_server_args() checks flag names, values and choices, not combinations.
 PARSE_CASES: dict[str, dict[str, Any]] = {
@@ -62,22 +40,8 @@ PARSE_CASES: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def sglang_python() -> Path:
-    """The interpreter that has SGLang: $KVSCOPE_SGLANG_PYTHON, else <repo>/.venv-sglang."""
-    custom = os.environ.get("KVSCOPE_SGLANG_PYTHON")
-    python = Path(custom) if custom else DEFAULT_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no SGLang interpreter at {python}; {SETUP_HINT}")
-    if not custom and not STAMP.exists():
-        pytest.skip(f"{DEFAULT_VENV} is incomplete (no {STAMP.name}); {SETUP_HINT}")
-    return python
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return path
+def model_dir(tiny_model: Path) -> Path:
+    return tiny_model
 
 
 def engine_config(model_dir: Path, **options: Any) -> EngineConfig:
@@ -120,18 +84,22 @@ def probe(python: Path, argvs: list[list[str]], *, resolve: bool = False) -> dic
 
 
 @pytest.fixture(scope="module")
-def parsed(sglang_python: Path, model_dir: Path) -> dict[str, tuple[EngineConfig, dict]]:
+def parsed(sglang_interpreter: Path, model_dir: Path) -> dict[str, tuple[EngineConfig, dict]]:
     """Each PARSE_CASES config and what SGLang's parser made of kvscope's flags for it."""
     configs = {name: engine_config(model_dir, **opts) for name, opts in PARSE_CASES.items()}
-    report = probe(sglang_python, [launch_flags(cfg) for cfg in configs.values()])
+    report = probe(sglang_interpreter, [launch_flags(cfg) for cfg in configs.values()])
     return dict(zip(configs, zip(configs.values(), report["results"], strict=True), strict=True))
 
 
-def test_launch_module_exists(sglang_python: Path) -> None:
+def test_launch_module_exists(sglang_interpreter: Path) -> None:
     # Where the package is, without importing it (its __init__ is slow and pulls torchvision).
     code = "import importlib.util; print(importlib.util.find_spec('sglang').origin)"
     done = subprocess.run(
-        [str(sglang_python), "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [str(sglang_interpreter), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     package = Path(done.stdout.strip()).parent
     assert (package / "launch_server.py").is_file(), f"no sglang.launch_server in {package}"
@@ -206,9 +174,9 @@ def test_kv_events_config_as_sglang_reads_it(
     assert events["bind"] is not ep.kv_events_subscriber_binds  # exactly one side binds
 
 
-def test_misspelled_flag_is_refused(sglang_python: Path, model_dir: Path) -> None:
+def test_misspelled_flag_is_refused(sglang_interpreter: Path, model_dir: Path) -> None:
     flags = [*launch_flags(engine_config(model_dir)), "--enable-cache-reprot"]
-    done = run_probe(sglang_python, [flags])
+    done = run_probe(sglang_interpreter, [flags])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "unrecognized arguments: --enable-cache-reprot" in done.stderr
 
@@ -253,14 +221,14 @@ def accepted_config(model_dir: Path, options: dict[str, Any]) -> EngineConfig | 
 
 
 @pytest.fixture(scope="module")
-def resolved(sglang_python: Path, model_dir: Path) -> dict[str, str | None]:
+def resolved(sglang_interpreter: Path, model_dir: Path) -> dict[str, str | None]:
     """resolve_once()'s error (or None) per accepted RESOLVE_CASES config, in one subprocess."""
     configs = {}
     for param in RESOLVE_CASES:
         cfg = accepted_config(model_dir, param.values[0])
         if cfg is not None:
             configs[json.dumps(param.values[0], sort_keys=True)] = cfg
-    report = probe(sglang_python, [launch_flags(c) for c in configs.values()], resolve=True)
+    report = probe(sglang_interpreter, [launch_flags(c) for c in configs.values()], resolve=True)
     if report["resolve_unavailable"]:
         pytest.skip(f"cannot resolve ServerArgs: {report['resolve_unavailable']}")
     errors = [r["resolve_error"] for r in report["results"]]

@@ -21,6 +21,8 @@ import msgpack
 import pyarrow as pa
 import zmq
 
+from kvscope.store import read_jsonl
+
 Kind = Literal["stored", "removed", "cleared"]
 _KINDS: dict[str, Kind] = {
     "BlockStored": "stored",
@@ -308,15 +310,7 @@ def _with_recovered(gap: Gap, seqs: set[int]) -> Gap:
 
 def read_batches(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The listener's JSONL rows in seq order, and how many torn lines were skipped."""
-    rows, bad = [], 0
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
+    rows, bad = read_jsonl(path)
     return sorted(rows, key=lambda r: r["seq"]), bad
 
 
