@@ -194,15 +194,17 @@ def test_compare_report_names_the_agent_that_loses_reuse_first(tmp_path: Path) -
     assert "23.8% at 8,192 tokens to 0.0% at 2,048 tokens" in html
     for title in ("RQ3: prompt layout", "RQ4: cache pressure", "RQ5: sharing modes"):
         assert f"<h2>{title}</h2>" in html
-    assert html.count('class="runlabel">cap-8192<') == 8  # each per-run view, side by side
+    # each per-run view, side by side, under a short label (the shared "cap-" is dropped)
+    assert html.count('class="runlabel">8192<') == 8
     assert all(s.startswith("data:image/png;base64,") for s in images(html))
 
 
 def test_compare_without_capacity_difference_says_so(tmp_path: Path) -> None:
     a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
     html = compare_report([a, b], tmp_path / "c.html").read_text()
-    assert "do not differ in engine.kv_capacity_tokens" in html
+    assert "do not differ in KV capacity or concurrency: nothing to compare" in html
     assert "loses reuse first" not in html
+    assert "do not differ in prompt layout" in html and "do not differ in sharing mode" in html
 
 
 def test_not_a_run_directory(tmp_path: Path) -> None:

@@ -40,6 +40,8 @@ def split_args(args: list[str], rq: list[str]) -> tuple[list[str], list[int]]:
 
 
 def print_section(section: "Section", label: str = "") -> None:
+    if not console.is_terminal:
+        console.width = max(console.width, 200)  # wide tables: a log file does not wrap
     console.print(f"\n[bold]{section.title}[/]" + (f" ({label})" if label else ""))
     for note in section.notes:
         console.print(note, style="dim", highlight=False)

@@ -6,6 +6,7 @@ A view whose data is missing is replaced by a sentence that says what is missing
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from kvscope.analysis import evictions, latency, runs, transitions, turns
 from kvscope.collect.metrics import instant_series
 from kvscope.errors import KvscopeError
 from kvscope.finalize import BLOCKS_PARQUET, METRICS_PARQUET
+from kvscope.probe.tokens import common_prefix
 from kvscope.report import plots, timeline
 
 REPORT_HTML = "report.html"
@@ -485,9 +487,21 @@ def run_report(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
+_STAMP = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{6}$")  # store.new_run's time and random suffix
+
+
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Short, unique labels: run names without their time stamp and the prefix they share."""
     names = [p.name for p in run_dirs]
-    return [n if names.count(n) == 1 else f"{n} ({i + 1})" for i, n in enumerate(names)]
+    short = [_STAMP.sub("", n) for n in names]
+    if len(short) > 1:
+        common = short[0][: min(common_prefix(short[0], n) for n in short)]
+        common = common[: common.rfind("-") + 1] if "-" in common else ""
+        if all(len(n) > len(common) for n in short):
+            short = [n[len(common) :] for n in short]
+    if len(set(short)) < len(short):
+        short = names
+    return [n if short.count(n) == 1 else f"{n} ({i + 1})" for i, n in enumerate(short)]
 
 
 # Settings that change what a run measures besides KV capacity and concurrency: runs that differ
@@ -621,7 +635,25 @@ def cross_run_sections(data: Sequence[RunData]) -> list[Section]:
             )
         ],
     )
-    return [rq3, rq4, rq5]
+    # The questions whose variable differs between the runs come first, with their tables; the
+    # others are one sentence each (a table of identical settings answers nothing).
+    varied = {
+        "rq3": len({_workload(d, "layout") for d in data}) > 1,
+        "rq4": len(capacities) > 1 or len(conc) > 1,
+        "rq5": len({_workload(d, "sharing") or "documents" for d in data}) > 1,
+    }
+    what = {"rq3": "prompt layout", "rq4": "KV capacity or concurrency", "rq5": "sharing mode"}
+    sections = [
+        s if varied[s.key] else Section(
+            s.key, s.title, f"The runs do not differ in {what[s.key]}: nothing to compare."
+        )
+        for s in (rq3, rq4, rq5)
+    ]  # fmt: skip
+    return sorted(sections, key=lambda s: not varied[s.key])
+
+
+def _workload(data: RunData, key: str) -> Any:
+    return (data.config.get("workload") or {}).get(key)
 
 
 def compare_report(run_dirs: list[Path], out: Path) -> Path:
