@@ -195,7 +195,7 @@ def test_compare_report_names_the_agent_that_loses_reuse_first(tmp_path: Path) -
     for title in ("RQ3: prompt layout", "RQ4: cache pressure", "RQ5: sharing modes"):
         assert f"<h2>{title}</h2>" in html
     # each per-run view, side by side, under a short label (the shared "cap-" is dropped)
-    assert html.count('class="runlabel">8192<') == 8
+    assert html.count('class="runlabel">8192<') == 9
     assert all(s.startswith("data:image/png;base64,") for s in images(html))
 
 
@@ -228,3 +228,23 @@ def test_sweep_groups_name_what_else_differs(tmp_path: Path) -> None:
         run.config.clear()
         run.config.update(config)
     assert sweep_groups(runs) == ["layout=shared-first", "layout=role-first", "layout=shared-first"]
+
+
+def test_provenance_section(tmp_path: Path) -> None:
+    plain = run_report(make_run(tmp_path / "plain")).read_text()
+    assert "RQ1: who the cache served" in plain and "No KV events were recorded" in plain
+    rows = workflow_rows("w0", HITS_W0)
+    for r in rows:  # as finalize fills them: cached tokens by owner, the rest by cause
+        r |= dict.fromkeys(
+            ("cached_cross_agent_tokens", "cached_cross_workflow_tokens",
+             "cached_unattributed_tokens", "uncached_evicted_tokens", "uncached_layout_tokens"),
+            0,
+        )  # fmt: skip
+        r["cached_self_tokens"] = r["cached_tokens"]
+        r["uncached_cold_tokens"] = r["prompt_tokens"] - r["cached_tokens"]
+    html = run_report(make_run(tmp_path / "prov", rows=rows)).read_text()
+    assert "No KV events were recorded" not in html
+    section = html[html.index("<h2>RQ1: who the cache") : html.index("<h2>RQ2: transitions")]
+    assert len(images(section)) == 1
+    planner = [r for r in rows if r["agent_id"] == "planner"]
+    assert f">{sum(r['cached_tokens'] for r in planner):,}<" in section

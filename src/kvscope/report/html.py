@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from kvscope import store
-from kvscope.analysis import evictions, latency, runs, transitions, turns
+from kvscope.analysis import evictions, latency, provenance, runs, transitions, turns
 from kvscope.collect.metrics import instant_series
 from kvscope.errors import KvscopeError
 from kvscope.finalize import BLOCKS_PARQUET, METRICS_PARQUET
@@ -323,6 +323,24 @@ def agent_section(data: RunData) -> list[Section]:
     return [agents, per_turn]
 
 
+def provenance_section(data: RunData) -> Section:
+    sums = provenance.by_agent(data.requests.to_pylist())
+    table = pa.Table.from_pylist([{"agent_id": a, **v} for a, v in sums.items()])
+    columns = (Column("agent_id", "agent", "text"),
+               *(Column(c, label) for c, label, _ in plots.PROVENANCE_PARTS))  # fmt: skip
+    return Section(
+        "provenance",
+        "RQ1: who the cache served, and why the rest was computed",
+        "From the engine's KV events: cached tokens by who stored the block (this agent earlier "
+        "in the workflow, another agent, another workflow), computed tokens by cause (evicted "
+        "after being stored with this exact prefix, seen before behind another prefix = layout, "
+        "never seen = cold).",
+        plots.provenance_bars(sums),
+        "No KV events were recorded for this run (or no call's tokens could be matched).",
+        [table_view(table, columns, "per agent (tokens)")] if sums else [],
+    )
+
+
 def transition_section(data: RunData) -> Section:
     has_prov = any(v for v in data.pairs["provenance_calls"].to_pylist())
     prov = {"provenance_calls", *turns.PROVENANCE}
@@ -456,6 +474,7 @@ def run_sections(data: RunData) -> list[Section]:
     return [
         overview(data),
         *agent_section(data),
+        provenance_section(data),
         transition_section(data),
         *latency_section(data),
         timeline_section(data),

@@ -64,6 +64,36 @@ def _rows(table: pa.Table, skip_all: bool = True) -> list[dict[str, Any]]:
     return [r for r in table.to_pylist() if not (skip_all and r.get("agent_id") == ALL)]
 
 
+PROVENANCE_PARTS = (  # (column, label, color): cached in blues/greens, uncached in warm colours
+    ("cached_self_tokens", "cached: same agent", "#2a6f97"),
+    ("cached_cross_agent_tokens", "cached: other agent", "#61a5c2"),
+    ("cached_cross_workflow_tokens", "cached: other workflow", "#52b788"),
+    ("cached_unattributed_tokens", "cached: unattributed", "#b7e4c7"),
+    ("uncached_evicted_tokens", "computed: evicted", "#d62828"),
+    ("uncached_layout_tokens", "computed: layout", "#f77f00"),
+    ("uncached_cold_tokens", "computed: cold", "#cccccc"),
+)
+
+
+def provenance_bars(sums: dict[str, dict[str, int]]) -> str | None:
+    """Per agent, its prompt tokens split by where they came from (Level 3 provenance)."""
+    if not sums:
+        return None
+    agents = sorted(sums, key=agent_key)
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(agents) + 1.4))
+    left = [0] * len(agents)
+    for column, label, tint in PROVENANCE_PARTS:
+        values = [sums[a][column] for a in agents]
+        ax.barh(agents, values, left=left, color=tint, label=label)
+        left = [x + v for x, v in zip(left, values, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("prompt tokens, summed over the agent's calls")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("where each agent's prompt tokens came from", fontsize=10)
+    fig.tight_layout()
+    return data_uri(fig)
+
+
 def agent_bars(agents: pa.Table) -> str | None:
     """Weighted hit ratio and recompute burden per agent (AgentSummary columns)."""
     rows = [r for r in _rows(agents) if r.get("weighted_hit_ratio") is not None]
