@@ -47,7 +47,7 @@ def test_executor_evicts_expresser_and_expresser_recomputes(tight: Path) -> None
     evictions = json.loads((tight / "summary.json").read_text())["evictions"]
     cells = {(c["evictor_agent_id"], c["victim_agent_id"]): c for c in evictions["matrix"]}
     cell = cells[("executor", "expresser")]
-    assert cell["scope"] == "same workflow" and cell["harmful"] > 0
+    assert cell["same_workflow"] == cell["evictions"] and cell["harmful"] > 0
     rows = pq.read_table(tight / "requests.parquet").to_pylist()
     missed = [r for r in rows if r["agent_id"] == "expresser" and r["turn_id"] > 1]
     assert missed and all(r["uncached_evicted_tokens"] > 0 for r in missed)
