@@ -140,6 +140,11 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
         )
     console.print(f"run directory: {outcome.run_dir}")
+    if (outcome.run_dir / "report.html").exists():
+        console.print(f"report: {outcome.run_dir / 'report.html'}")
+    elif (outcome.run_dir / "report.error.txt").exists():
+        error = (outcome.run_dir / "report.error.txt").read_text().strip()
+        console.print(f"[red]report.html not written: {error}[/] (kvscope report RUN retries)")
     if outcome.mlflow_run_id:
         console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
     if outcome.audit is not None:
