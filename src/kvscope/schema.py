@@ -15,7 +15,7 @@ STATUS_ERROR = "error"
 STATUS_TIMEOUT = "timeout"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestRecord:
     # experiment
     benchmark_run_id: str
@@ -64,21 +64,22 @@ class RequestRecord:
     token_id_hash: str | None
     prompt_layout: str | None
     sharing_mode: str | None  # RQ5: what the agents' prompts share (tasks mode)
-    raw_messages_json: str | None  # opt-in (workload.store_prompts)
-    serialized_prompt_text: str | None  # opt-in: the chat template's output
-    fixed_prefix_tokens: int | None  # tokens up to the end of the fixed (system) messages
-    dynamic_suffix_tokens: int | None
-    first_divergence_same_agent: int | None  # vs this agent's previous call in the workflow
-    first_divergence_previous_agent: int | None  # vs the workflow's previous call
-    max_reusable_tokens: int | None  # longest common prefix with any earlier call of the run
-    # provenance (Level 3, from KV events): cached tokens by who stored them, uncached by cause
-    cached_self_tokens: int | None  # stored by the same agent of the same workflow
-    cached_cross_agent_tokens: int | None  # another agent, same workflow
-    cached_cross_workflow_tokens: int | None  # another workflow
-    cached_unattributed_tokens: int | None  # hit, but no store event seen for the block
-    uncached_evicted_tokens: int | None  # stored earlier with this exact prefix, then evicted
-    uncached_layout_tokens: int | None  # content seen earlier, but behind another prefix
-    uncached_cold_tokens: int | None  # never seen before (tail of a partial block included)
+    raw_messages_json: str | None = None  # opt-in (workload.store_prompts)
+    serialized_prompt_text: str | None = None  # opt-in: the chat template's output
+    fixed_prefix_tokens: int | None = None  # tokens up to the end of the fixed (system) messages
+    dynamic_suffix_tokens: int | None = None
+    first_divergence_same_agent: int | None = None  # vs this agent's previous call in the workflow
+    first_divergence_previous_agent: int | None = None  # vs the workflow's previous call
+    max_reusable_tokens: int | None = None  # longest common prefix with any earlier call of the run
+    # Filled after the call (finalize): provenance (Level 3, from KV events), cached tokens by who
+    # stored them, uncached by cause
+    cached_self_tokens: int | None = None  # stored by the same agent of the same workflow
+    cached_cross_agent_tokens: int | None = None  # another agent, same workflow
+    cached_cross_workflow_tokens: int | None = None  # another workflow
+    cached_unattributed_tokens: int | None = None  # hit, but no store event seen for the block
+    uncached_evicted_tokens: int | None = None  # stored with this exact prefix, then evicted
+    uncached_layout_tokens: int | None = None  # content seen earlier, but behind another prefix
+    uncached_cold_tokens: int | None = None  # never seen before (tail of a partial block included)
     # result
     status: str
     error_type: str | None
