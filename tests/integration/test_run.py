@@ -159,6 +159,14 @@ def test_prompt_instrumentation_and_provenance(demo: dict[str, Any]) -> None:
     assert "where each agent's prompt tokens came from" in demo["stdout"]
 
 
+def test_run_on_a_shared_engine_keeps_its_log_excerpt(demo: dict[str, Any]) -> None:
+    # The session's engine was started by `kvscope engine up`: the run keeps what it logged.
+    text = (demo["run_dir"] / "engine.log").read_text()
+    assert text.startswith("# ") and "kvscope engine up" in text.splitlines()[0]
+    calls = text.count("POST /v1/chat/completions")
+    assert calls >= 32  # the run's calls (and detection's probe), nothing from before the run
+
+
 def test_summary_printed(demo: dict[str, Any]) -> None:
     out = demo["stdout"]
     for agent in AGENTS:

@@ -22,6 +22,7 @@ class RunningEngine:
     process: ServerProcess | None  # None: attached, or reused from `kvscope engine up`
     startup_s: float | None
     reused_pid: int | None = None
+    shared_log: Path | None = None  # the log of an engine that `kvscope engine up` started
 
     def stop(self) -> None:
         if self.process is not None:
@@ -58,7 +59,9 @@ def reusable(engine: Engine) -> RunningEngine | None:
     theirs = {k: v for k, v in st.config.items() if k != "startup_timeout_s"}
     if st.kind != engine.name or mine != theirs:
         return None
-    return RunningEngine(engine, st.endpoints, engine.launch(), None, None, reused_pid=st.pid)
+    handle = RunningEngine(engine, st.endpoints, engine.launch(), None, None, reused_pid=st.pid)
+    handle.shared_log = Path(st.log_path) if st.log_path else None
+    return handle
 
 
 @contextmanager
@@ -67,10 +70,24 @@ def running(engine: Engine, log_path: Path, *, reuse: bool = True) -> Iterator[R
     handle = reusable(engine) if reuse else None
     if handle is None:
         handle = start(engine, log_path)
+    log = handle.shared_log
+    offset = log.stat().st_size if log is not None and log.exists() else 0
     try:
         yield handle
     finally:
         handle.stop()
+        if log is not None and log.exists():
+            _excerpt(log, offset, log_path)
+
+
+def _excerpt(log: Path, offset: int, target: Path) -> None:
+    """What a shared engine logged during this block, into the run's own engine.log."""
+    with log.open("rb") as src, target.open("wb") as out:
+        out.write(
+            f"# {log}, from byte {offset}: the engine was started by `kvscope engine up`\n".encode()
+        )
+        src.seek(offset)
+        out.write(src.read())
 
 
 def reset_cache(engine: Engine, base_url: str, attempts: int = 20) -> str | None:
