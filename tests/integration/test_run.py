@@ -164,7 +164,8 @@ def test_run_on_a_shared_engine_keeps_its_log_excerpt(demo: dict[str, Any]) -> N
     text = (demo["run_dir"] / "engine.log").read_text()
     assert text.startswith("# ") and "kvscope engine up" in text.splitlines()[0]
     calls = text.count("POST /v1/chat/completions")
-    assert calls >= 32  # the run's calls (and detection's probe), nothing from before the run
+    # The run's 32 calls and detection's probe; not the earlier tests' calls on this engine.
+    assert 32 <= calls < 40
 
 
 def test_summary_printed(demo: dict[str, Any]) -> None:
