@@ -1,8 +1,9 @@
 """The canonical request table: one row per LLM invocation, failed ones included.
 
 Columns follow the design note's "Canonical request schema"; a value that was not measured is
-None (null in Parquet), never 0. `sglang_response_id` keeps the design note's name: it is the
-engine's response id (on SGLang it equals the rid kvscope sent).
+None (null in Parquet), never 0: the columns filled after the call (server timings and context,
+prompt instrumentation, provenance) default to None. `sglang_response_id` keeps the design note's
+name: it is the engine's response id (on SGLang it equals the rid kvscope sent).
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -43,25 +44,25 @@ class RequestRecord:
     new_prefill_tokens: int | None
     reported_cache_hit_ratio: float | None
     # timing (ms)
-    queue_ms: float | None
+    queue_ms: float | None = None
     ttft_ms: float | None
     tpot_ms: float | None
-    prefill_ms: float | None
-    decode_ms: float | None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
     e2e_ms: float | None
     tool_ms: float | None  # the agent's tool time before this call (Executor), else None
     # server state (Level 2): context from the nearest /metrics samples, not ownership
-    cache_used_tokens_before: int | None
-    cache_used_tokens_after: int | None
-    cache_utilization_before: float | None
-    cache_utilization_after: float | None
-    running_requests: int | None  # before the request
-    queued_requests: int | None  # before the request
+    cache_used_tokens_before: int | None = None
+    cache_used_tokens_after: int | None = None
+    cache_utilization_before: float | None = None
+    cache_utilization_after: float | None = None
+    running_requests: int | None = None  # before the request
+    queued_requests: int | None = None  # before the request
     # prompt
     prompt_template_version: str | None
     chat_template_name: str | None
-    prompt_hash: str | None
-    token_id_hash: str | None
+    prompt_hash: str | None = None
+    token_id_hash: str | None = None
     prompt_layout: str | None
     sharing_mode: str | None  # RQ5: what the agents' prompts share (tasks mode)
     raw_messages_json: str | None = None  # opt-in (workload.store_prompts)
@@ -82,8 +83,8 @@ class RequestRecord:
     uncached_cold_tokens: int | None = None  # never seen before (tail of a partial block included)
     # result
     status: str
-    error_type: str | None
-    error_message: str | None
+    error_type: str | None = None
+    error_message: str | None = None
     finish_reason: str | None
     # raw clocks (ns since epoch) for joins with server-side series
     start_ns: int
