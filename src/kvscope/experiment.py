@@ -23,7 +23,8 @@ from kvscope.analysis.evictions import TransitionHarm
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.collect.kv_events import KvEventListener, summary_dict
-from kvscope.collect.metrics import MetricsScraper, ScrapeSummary
+from kvscope.collect.metrics import ScrapeSummary
+from kvscope.collect.scraper import MetricsScraper
 from kvscope.collect.series import counter_delta
 from kvscope.config import ExperimentConfig, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
@@ -64,6 +65,7 @@ class RunOutcome:
     error: str | None = None
     reconciliation: list[Reconciliation] = field(default_factory=list)
     scrape: ScrapeSummary | None = None
+    scrape_error: str | None = None  # the /metrics scraper's own failure; its JSONL is kept
     server: dict[str, float] = field(default_factory=dict)  # run-level /metrics summaries
     server_agents: dict[str, dict[str, float]] = field(default_factory=dict)  # SGLang agent label
     kv: finalize.KvReport | None = None  # Level 3: KV events received and their gaps
@@ -242,6 +244,7 @@ def _close(
     summary = {
         "agents": [asdict(a) for a in agents], "total": asdict(total), "server": server,
         "server_agents": server_agents,
+        "scrape_error": scraper.error if scraper else None,
         "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
         "kv_events": asdict(tables.kv) if tables.kv else None,
         "evictions": {
@@ -281,7 +284,8 @@ def _close(
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(run_id, run_dir, rows, skipped, agents, total, results, tracking.run_id,
                       tracking.tracking_uri, audit, error, recon,
-                      scraper.summary() if scraper else None, server, server_agents, tables.kv,
+                      scraper.summary() if scraper else None, scraper.error if scraper else None,
+                      server, server_agents, tables.kv,
                       provenance.by_agent(table), pairs,
                       evictions.by_transition(tables.blocks))  # fmt: skip
 

@@ -123,7 +123,8 @@ def test_server_series_reconciliation_and_plot(demo: dict[str, Any]) -> None:
     times = sorted({s["timestamp_ns"] for s in series})
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     workload_s = (max(r["end_ns"] for r in rows) - min(r["start_ns"] for r in rows)) / 1e9
-    assert len(times) >= 4 * workload_s  # at least 4 samples per second of workload
+    scrape = json.loads((run_dir / "metrics.gaps.json").read_text())["summary"]
+    assert len(times) >= 4 * workload_s, scrape  # at least 4 samples per second of workload
     names = {s["metric_name"] for s in series}
     assert {
         "kvscope:kv_used_tokens",

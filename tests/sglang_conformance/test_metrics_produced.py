@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 from sglang_producer import FinishedRequest, SglangProducer
 
 from kvscope.analysis.server_agents import per_agent_server
-from kvscope.collect.metrics import MetricsScraper
+from kvscope.collect.metrics import Sampler
 from kvscope.collect.series import counter_delta
 from kvscope.engines.base import LATENCIES
 from kvscope.engines.detect import fetch_metrics
@@ -172,11 +172,11 @@ def test_latency_histograms(sglang: SglangProducer, engine: SglangEngine) -> Non
         assert total == pytest.approx(sum(seconds), abs=1e-6), name
 
 
-def scraper(engine: SglangEngine, interval_s: float) -> MetricsScraper:
+def scraper(engine: SglangEngine, interval_s: float) -> Sampler:
     url = engine.endpoints().metrics_url
     assert url is not None
     # A generous timeout: a scrape that times out on a busy machine would be a gap here.
-    return MetricsScraper(SglangEngine, url, "run", interval_s=interval_s, timeout_s=10)
+    return Sampler(SglangEngine, url, "run", interval_s=interval_s, timeout_s=10)
 
 
 def warm_up(sglang: SglangProducer, engine: SglangEngine) -> None:
@@ -240,7 +240,7 @@ def test_fresh_engine_first_requests_count(sglang: SglangProducer, engine: Sglan
         assert view[agent] == pytest.approx(want, rel=1e-9), agent
 
 
-def wait_sampled(run: MetricsScraper, timeout_s: float = 30.0) -> None:
+def wait_sampled(run: Sampler, timeout_s: float = 30.0) -> None:
     """Until the scraper has recorded a scrape (start() gives up waiting after its timeout)."""
     deadline = time.monotonic() + timeout_s
     while run.summary().scrapes <= run.summary().errors:

@@ -20,7 +20,7 @@ import pytest
 from helpers import VLLM_FIXTURES, free_port
 
 from kvscope.collect import metrics
-from kvscope.collect.metrics import SCHEMA, MetricsScraper, instant_series
+from kvscope.collect.metrics import SCHEMA, Sampler, instant_series
 from kvscope.collect.series import counter_delta, nearest
 from kvscope.engines.base import COUNTERS, INSTANT_VALUES, LATENCIES, Engine
 from kvscope.engines.detect import parse_metrics
@@ -288,7 +288,7 @@ def engine_rows_per_scrape(text: str) -> int:
 
 
 def test_scraper_survives_errors_and_resumes(stand_in: StandIn) -> None:
-    scraper = MetricsScraper(VllmEngine, stand_in.url, "run-1", interval_s=0.05)
+    scraper = Sampler(VllmEngine, stand_in.url, "run-1", interval_s=0.05)
     phases: dict[str, tuple[int, int]] = {}
 
     def phase(name: str, seconds: float) -> None:
@@ -343,7 +343,7 @@ def test_scraper_survives_errors_and_resumes(stand_in: StandIn) -> None:
 def test_scraper_keeps_its_interval_when_scrapes_are_slow(stand_in: StandIn) -> None:
     """Each answer takes 0.1 s: sleeping the interval after each scrape would give ~2.9/s."""
     stand_in.delay_s = 0.1
-    scraper = MetricsScraper(VllmEngine, stand_in.url, "run-1", interval_s=0.25)
+    scraper = Sampler(VllmEngine, stand_in.url, "run-1", interval_s=0.25)
     scraper.start()
     time.sleep(2.0)
     summary = scraper.stop()
@@ -356,7 +356,7 @@ def test_scraper_keeps_its_interval_when_scrapes_are_slow(stand_in: StandIn) -> 
 
 def test_a_timeout_is_a_gap(stand_in: StandIn) -> None:
     stand_in.delay_s = 0.5
-    scraper = MetricsScraper(VllmEngine, stand_in.url, "run-1", interval_s=0.1, timeout_s=0.2)
+    scraper = Sampler(VllmEngine, stand_in.url, "run-1", interval_s=0.1, timeout_s=0.2)
     scraper.start()
     time.sleep(0.3)
     summary = scraper.stop()
@@ -365,7 +365,7 @@ def test_a_timeout_is_a_gap(stand_in: StandIn) -> None:
 
 
 def test_only_the_engines_own_metrics_count(stand_in: StandIn) -> None:
-    scraper = MetricsScraper(SglangEngine, stand_in.url, "run-1", interval_s=0.1)
+    scraper = Sampler(SglangEngine, stand_in.url, "run-1", interval_s=0.1)
     scraper.start()
     summary = scraper.stop()
     assert summary.rows == 0 and summary.errors == summary.scrapes
@@ -377,7 +377,7 @@ def test_parquet_round_trip(
     stand_in: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_rows: int
 ) -> None:
     monkeypatch.setattr(metrics, "_BATCH_ROWS", batch_rows)
-    scraper = MetricsScraper(VllmEngine, stand_in.url, "run-7", interval_s=0.05)
+    scraper = Sampler(VllmEngine, stand_in.url, "run-7", interval_s=0.05)
     scraper.start()
     time.sleep(0.2)
     stand_in.stop()
@@ -425,7 +425,7 @@ def test_parquet_round_trip(
 
 
 def test_empty_series_writes_a_typed_file(tmp_path: Path) -> None:
-    scraper = MetricsScraper(VllmEngine, f"http://127.0.0.1:{free_port()}/metrics", "run-0")
+    scraper = Sampler(VllmEngine, f"http://127.0.0.1:{free_port()}/metrics", "run-0")
     scraper.start()
     scraper.stop()
     path, _ = scraper.write(tmp_path / "m.parquet")
@@ -434,7 +434,7 @@ def test_empty_series_writes_a_typed_file(tmp_path: Path) -> None:
 
 
 def test_scraper_lifecycle_errors(stand_in: StandIn) -> None:
-    scraper = MetricsScraper(VllmEngine, stand_in.url, "run-1")
+    scraper = Sampler(VllmEngine, stand_in.url, "run-1")
     with pytest.raises(RuntimeError, match="not started"):
         scraper.stop()
     scraper.start()
@@ -443,4 +443,4 @@ def test_scraper_lifecycle_errors(stand_in: StandIn) -> None:
     first = scraper.stop()
     assert scraper.stop() is first
     with pytest.raises(ValueError, match="positive"):
-        MetricsScraper(VllmEngine, stand_in.url, "r", interval_s=0)
+        Sampler(VllmEngine, stand_in.url, "r", interval_s=0)

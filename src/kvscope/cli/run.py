@@ -116,6 +116,8 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             f"/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
             + (f", KV used peak {peak:,.0f} tokens" if peak is not None else "")
         )
+    if outcome.scrape_error:
+        console.print(f"[red]/metrics: {outcome.scrape_error}[/]")
     if outcome.server_agents:
         view = Table(title="the engine's own per-agent view (metric label `agent`)",
                      title_justify="left")  # fmt: skip

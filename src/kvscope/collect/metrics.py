@@ -1,4 +1,7 @@
-"""The engine's Prometheus /metrics, polled on a background thread into a long-format series.
+"""The engine's Prometheus /metrics, polled on a thread into a long-format series.
+
+`Sampler` does the polling in the calling process; `scraper.MetricsScraper` runs one in a child
+process, so that a busy workload in the parent cannot starve it of the GIL.
 
 One row per engine sample per scrape, plus one per kvscope instant value (metric_name
 "kvscope:<name>"), so that joins downstream need no engine's metric map. A failed scrape is a gap
@@ -21,8 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client.metrics_core import Metric
 
-from kvscope.engines.base import Engine
-from kvscope.engines.detect import parse_metrics
+from kvscope.engines.base import Engine, parse_metrics
 
 KVSCOPE_PREFIX = "kvscope:"
 SCHEMA = pa.schema(
@@ -91,7 +93,7 @@ class _Columns:
         self.scrape_end.append(len(self.series))
 
 
-class MetricsScraper:
+class Sampler:
     """Scrapes `url` every `interval_s` from start() to stop(); write() saves the series."""
 
     def __init__(

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import httpx
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.config import EngineConfig
 
@@ -223,3 +224,8 @@ class Engine(ABC):
         return bool(cls.metric_prefix) and any(
             f.name.startswith(cls.metric_prefix) for f in families
         )
+
+
+def parse_metrics(text: str) -> list[Metric]:
+    """Prometheus text, as every engine serves it on /metrics."""
+    return list(text_string_to_metric_families(text))

@@ -8,18 +8,13 @@ from collections.abc import Sequence
 import httpx
 import zmq
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.collect.kv_events import EventBatch, receive, replay, subscriber
-from kvscope.engines.base import Capabilities, Endpoints, Engine
+from kvscope.engines.base import Capabilities, Endpoints, Engine, parse_metrics
 from kvscope.errors import EngineError
 
 # Long enough to fill whole KV blocks (vLLM CPU: 128 tokens), so that a store event must follow.
 _FILLER = " ".join(f"ledger line {i} stays stable." for i in range(80))
-
-
-def parse_metrics(text: str) -> list[Metric]:
-    return list(text_string_to_metric_families(text))
 
 
 def fetch_metrics(client: httpx.Client, url: str | None) -> list[Metric] | None:
