@@ -22,6 +22,8 @@ from kvscope.analysis.agents import AgentSummary, overall, per_agent
 from kvscope.analysis.evictions import TransitionHarm
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
+from kvscope.analysis.time_split import TimeSplit, time_split
+from kvscope.analysis.time_split import as_dict as split_dict
 from kvscope.collect.kv_events import KvEventListener, summary_dict
 from kvscope.collect.metrics import ScrapeSummary
 from kvscope.collect.scraper import MetricsScraper
@@ -72,6 +74,7 @@ class RunOutcome:
     provenance: dict[str, dict[str, int]] = field(default_factory=dict)  # per agent
     evictions: list[dict[str, Any]] = field(default_factory=list)  # evictor x victim rows
     harm: list[TransitionHarm] = field(default_factory=list)
+    time_split: list[TimeSplit] = field(default_factory=list)  # client / front end / core
 
 
 def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutcome:
@@ -220,9 +223,11 @@ def _close(
     """Table, summary and MLflow run from whatever was measured (also after a failure)."""
     hooks.on_stage("writing the request table")
     server_agents: dict[str, dict[str, float]] = {}
+    series_rows: list[dict[str, Any]] = []
     if scraper is not None:
         scraper.write(run_dir / finalize.METRICS_PARQUET)
-        server_agents = per_agent_server(scraper.table().to_pylist())
+        series_rows = scraper.table().to_pylist()
+        server_agents = per_agent_server(series_rows)
     # SGLang: its request-metrics export, by rid
     tables = finalize.finalize(run_dir, engine.exported_timings())
     table, skipped, series = tables.rows, tables.skipped_lines, tables.series
@@ -239,6 +244,7 @@ def _close(
     counters = {name: [v for _, v in pts] for name, pts in series.items()}
     recon = reconcile(table, counters, counter_delta) if scraper is not None else []
     server = _server_summary(series)
+    splits = time_split(table, series_rows)
     if table:
         timeline.plot(table, series, run_dir / "timeline.png", f"{run_id}: KV cache and calls")
     summary = {
@@ -246,6 +252,7 @@ def _close(
         "server_agents": server_agents,
         "scrape_error": scraper.error if scraper else None,
         "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
+        "time_split": [split_dict(t) for t in splits],
         "kv_events": asdict(tables.kv) if tables.kv else None,
         "evictions": {
             "summary": evicted,
@@ -268,6 +275,9 @@ def _close(
         **{f"reconcile.{r.counter}.difference": r.difference for r in recon
            if r.difference is not None},
         **{f"kv.{k}": v for k, v in evicted.items()},
+        **{f"time.{d['span']}.{k}": d[k] for d in map(split_dict, splits)
+           for k in ("client_ms", "engine_ms", "core_ms", "client_side_ms", "front_end_ms")
+           if d[k] is not None},
         **({"kv.missing_batches": float(tables.kv.missing_batches)} if tables.kv else {}),
         "workflows_run": float(len(results)),
         "workflows_failed": float(sum(not r.ok for r in results)),
@@ -287,7 +297,7 @@ def _close(
                       scraper.summary() if scraper else None, scraper.error if scraper else None,
                       server, server_agents, tables.kv,
                       provenance.by_agent(table), pairs,
-                      evictions.by_transition(tables.blocks))  # fmt: skip
+                      evictions.by_transition(tables.blocks), splits)  # fmt: skip
 
 
 def _server_summary(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:

@@ -136,6 +136,14 @@ def test_server_series_reconciliation_and_plot(demo: dict[str, Any]) -> None:
     for counter in ("prompt_tokens_total", "cached_tokens_total"):
         assert recon[counter]["difference"] == 0, recon[counter]  # exact agreement
     assert summary["server"]["kv_used_tokens_peak"] > 0
+    # The engine's front-end histograms count exactly this run's calls, and nest the core's
+    # parts inside them, inside the client's own span.
+    ok = [r for r in rows if r["status"] == "ok"]
+    for split in summary["time_split"]:
+        assert split["matched"] and split["engine_requests"] == split["rows"] == len(ok), split
+        assert split["client_ms"] >= split["engine_ms"] >= split["core_ms"] > 0, split
+    assert {s["span"] for s in summary["time_split"]} == {"ttft", "e2e"}
+    assert "TTFT over" in demo["stdout"] and "+ front end" in demo["stdout"]
     png = run_dir / "timeline.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
     assert "reconcile cached_tokens_total" in demo["stdout"] and "exact" in demo["stdout"]

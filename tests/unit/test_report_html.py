@@ -248,3 +248,24 @@ def test_provenance_section(tmp_path: Path) -> None:
     assert len(images(section)) == 1
     planner = [r for r in rows if r["agent_id"] == "planner"]
     assert f">{sum(r['cached_tokens'] for r in planner):,}<" in section
+
+
+def test_rq6_says_where_the_call_overhead_sits(tmp_path: Path) -> None:
+    from test_time_split import histogram
+
+    from kvscope.collect.metrics import SCHEMA
+
+    run = make_run(tmp_path / "run-t")
+    # 8 calls, TTFT 3,500 ms by the client (100 ms + prompt / 10 each); the engine: 3.2 s
+    series = [
+        *histogram("ttft_seconds", "vllm:time_to_first_token_seconds",
+                   [(1, [(0, 0.0)]), (2, [(8, 3.2)])]),
+        *histogram("e2e_seconds", "vllm:e2e_request_latency_seconds",
+                   [(1, [(0, 0.0)]), (2, [(9, 7.5)])]),  # a ninth request: not this table's
+    ]  # fmt: skip
+    rows = [r | {"benchmark_run_id": "run-t"} for r in series]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), run / "metrics.parquet")
+    html = run_report(run).read_text()
+    assert "TTFT summed over 8 calls: the client&#39;s 3.5 s = the engine&#39;s 3.2 s" in html
+    assert "+ 0.3 s on the client&#39;s side" in html
+    assert "the engine counted 9 requests, the table has 8 measured calls" in html

@@ -10,7 +10,8 @@ start order. Along it, every millisecond lands in exactly one component:
   ttft_unsplit_ms  TTFT the engine did not split into queue and prefill (ttft minus whichever
               of the two is known); null when both are known;
   call_other_ms    the rest of the call (client, network, first-token overhead): call_ms minus
-              the components above, never below 0;
+              the components above, never below 0; time_split.py says, per run, how much of it
+              is the engine's front end and how much the client's side;
 - failed_ms: the whole call_ms of a failed call;
 - tool_ms: the agent's tool time before its call (Executor);
 - other_ms: the gap between the previous call's end and this call's start, minus the tool

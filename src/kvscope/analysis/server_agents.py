@@ -3,16 +3,16 @@ agent as the x-custom-labels header), over the run, to set beside the client's p
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvscope.collect.series import counter_delta
+from kvscope.collect.series import series_deltas
 
 COUNTERS = {"prompt_tokens_total": "prompt_tokens", "cached_tokens_total": "cached_tokens"}
 LATENCIES = {"ttft_seconds": "ttft_mean_ms", "e2e_seconds": "e2e_mean_ms"}
 
 
-def _part(row: dict[str, Any]) -> str | None:
+def _part(row: Mapping[str, Any]) -> str | None:
     name, metric = row.get("kvscope_name"), row["metric_name"]
     if name in COUNTERS:
         return "total"
@@ -24,25 +24,16 @@ def _part(row: dict[str, Any]) -> str | None:
 def per_agent_server(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """agent -> {prompt_tokens, cached_tokens, ttft_mean_ms, e2e_mean_ms} from the /metrics series
     rows (metrics.parquet); empty when the engine labels nothing by agent (vLLM)."""
-    points: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
-    first: int | None = None  # the first scrape of all: a fresh engine has no labelled series yet
-    for row in rows:
-        first = row["timestamp_ns"] if first is None else min(first, row["timestamp_ns"])
+
+    def key(row: Mapping[str, Any]) -> tuple[str, str, str] | None:
         part = _part(row)
-        if part is not None:
-            points[(row["kvscope_name"], part, row["labels"])].append(
-                (row["timestamp_ns"], row["value"])
-            )
+        return None if part is None else (row["kvscope_name"], part, row["labels"])
+
     deltas: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
-    for (name, part, labels), pts in points.items():
+    for (name, part, labels), delta in series_deltas(rows, key).items():
         agent = json.loads(labels).get("agent")
-        if not agent:
-            continue
-        pts = sorted(pts)
-        if first is not None and pts[0][0] > first:
-            # A labelled counter appears at its first increment: before that it was 0.
-            pts.insert(0, (first, 0.0))
-        deltas[agent][(name, part)] += counter_delta(v for _, v in pts) or 0.0
+        if agent:
+            deltas[agent][(name, part)] += delta
     out: dict[str, dict[str, float]] = {}
     for agent, parts in deltas.items():
         view = {COUNTERS[name]: v for (name, part), v in parts.items() if part == "total"}

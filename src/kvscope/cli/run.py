@@ -141,6 +141,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             f"{_n(r.engine_delta)}: {verdict}"
             + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
         )
+    _print_time_split(outcome)
     console.print(f"run directory: {outcome.run_dir}")
     if (outcome.run_dir / "report.html").exists():
         console.print(f"report: {outcome.run_dir / 'report.html'}")
@@ -164,6 +165,26 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             "" if outcome.run_dir.parent.name == "runs" else f" --runs-dir {outcome.run_dir.parent}"
         )
         console.print(f"browse: kvscope ui{extra}")
+
+
+def _print_time_split(outcome: "RunOutcome") -> None:
+    """Core = the engine core's queue + prefill (+ decode for the call); front end = the rest of
+    the engine's own span (templating, tokenizing, hand-offs); client side = the client's rest."""
+    for t in outcome.time_split:
+        span = "TTFT" if t.span == "ttft" else "call time"
+        if not t.matched:
+            console.print(f"{span} split: not made (the engine counted {_n(t.engine_requests)}"
+                          f" requests, the table has {t.rows})")  # fmt: skip
+            continue
+        console.print(
+            f"{span} over {t.rows} calls: client {_s(t.client_ms)} = engine {_s(t.engine_ms)}"
+            f" (core {_s(t.core_ms)} + front end {_s(t.front_end_ms)})"
+            f" + client side {_s(t.client_side_ms)}"
+        )
+
+
+def _s(ms: float | None) -> str:
+    return "null" if ms is None else f"{ms / 1000:,.1f} s"
 
 
 def _print_kv(outcome: "RunOutcome") -> None:

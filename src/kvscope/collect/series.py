@@ -2,10 +2,12 @@
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
-from typing import Literal
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 Points = Sequence[tuple[int, float]]  # (timestamp_ns, value), sorted by time
+K = TypeVar("K", bound=Hashable)
 
 
 def counter_delta(values: Iterable[float | None]) -> float | None:
@@ -22,6 +24,31 @@ def counter_delta(values: Iterable[float | None]) -> float | None:
             delta += v - last if v >= last else v
         last = v
     return None if last is None else delta
+
+
+def series_deltas(
+    rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], K | None]
+) -> dict[K, float]:
+    """Each series' increase over a run, from metrics.parquet rows; `key` names a row's series
+    (include its labels) or skips it (None).
+
+    A series first seen after the run's first scrape started at 0: engines create a labelled
+    counter at its first increment.
+    """
+    points: dict[K, list[tuple[int, float]]] = defaultdict(list)
+    first: int | None = None  # the first scrape of all
+    for row in rows:
+        first = row["timestamp_ns"] if first is None else min(first, row["timestamp_ns"])
+        k = key(row)
+        if k is not None:
+            points[k].append((row["timestamp_ns"], row["value"]))
+    out: dict[K, float] = {}
+    for k, pts in points.items():
+        pts.sort()
+        if first is not None and pts[0][0] > first:
+            pts.insert(0, (first, 0.0))
+        out[k] = counter_delta(v for _, v in pts) or 0.0
+    return out
 
 
 def nearest(points: Points, t_ns: int, side: Literal["before", "after"] = "before") -> float | None:

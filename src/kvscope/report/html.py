@@ -18,6 +18,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from kvscope import store
 from kvscope.analysis import evictions, latency, provenance, runs, transitions, turns
+from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.metrics import instant_series
 from kvscope.errors import KvscopeError
 from kvscope.finalize import BLOCKS_PARQUET, METRICS_PARQUET
@@ -73,6 +74,7 @@ class RunData:
     workflows: pa.Table
     evictions: pa.Table | None  # None: no blocks.parquet
     series: dict[str, list[tuple[int, float]]]
+    time_split: list[TimeSplit]  # client / engine front end / core; empty without histograms
 
     @property
     def kv_capacity_config(self) -> int | None:
@@ -104,6 +106,7 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
     fit = latency.fit_prefill_cost(requests)
     blocks = run_dir / BLOCKS_PARQUET
     metrics = run_dir / METRICS_PARQUET
+    series = pq.read_table(metrics) if metrics.exists() else None
     return RunData(
         run_dir=run_dir,
         label=label or run_dir.name,
@@ -117,7 +120,8 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         latency=latency.agent_breakdown(requests, fit),
         workflows=latency.workflow_breakdown(requests, fit),
         evictions=evictions.matrix(pq.read_table(blocks)) if blocks.exists() else None,
-        series=instant_series(pq.read_table(metrics)) if metrics.exists() else {},
+        series=instant_series(series) if series is not None else {},
+        time_split=time_split(requests.to_pylist(), series.to_pylist()) if series else [],
     )
 
 
@@ -359,6 +363,27 @@ def transition_section(data: RunData) -> Section:
     )
 
 
+def split_note(t: TimeSplit) -> str:
+    """Where the call overhead sits: the client's side or the engine's front end."""
+    span = "TTFT" if t.span == "ttft" else "Call time (e2e)"
+    if not t.matched:
+        return (
+            f"{span} is not split between client and engine: the engine counted "
+            f"{fmt(t.engine_requests, 'int')} requests, the table has {t.rows} measured calls."
+        )
+    core = "queue + prefill" if t.span == "ttft" else "queue + prefill + decode"
+    return (
+        f"{span} summed over {t.rows} calls: the client's {_sec(t.client_ms)} = the engine's "
+        f"{_sec(t.engine_ms)} (its core's {core} {_sec(t.core_ms)}, its front end "
+        f"{_sec(t.front_end_ms)}: templating, tokenizing, hand-offs) + {_sec(t.client_side_ms)} "
+        "on the client's side (network, the client process)."
+    )
+
+
+def _sec(ms: float | None) -> str:
+    return NULL if ms is None else f"{ms / 1000:,.1f} s"
+
+
 def latency_section(data: RunData) -> list[Section]:
     fit = data.fit
     if fit is None:
@@ -406,7 +431,7 @@ def latency_section(data: RunData) -> list[Section]:
                 drop_null=True,
             ),
         ],
-        [fit_note, miss_note, *flag_notes],
+        [fit_note, miss_note, *flag_notes, *map(split_note, data.time_split)],
     )
     scatter = Section(
         "ttft",
