@@ -111,7 +111,7 @@ def test_the_series_comes_back(url: str, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_is_the_parents_to_handle(url: str) -> None:
-    """SIGINT reaches the whole process group; the child must live on until stop()."""
+    """A SIGINT (a Ctrl-C, should one reach it) must not end the child before stop()."""
     scraper = MetricsScraper(VllmEngine, url, "run-3", interval_s=0.05)
     scraper.start()
     assert scraper.pid is not None

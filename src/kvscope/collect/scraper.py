@@ -103,7 +103,8 @@ class MetricsScraper:
         if line == b"":  # the end of its stdout: the child is gone
             code = self._process.wait()
             shutil.rmtree(self._dir, ignore_errors=True)
-            raise RuntimeError(f"the /metrics scraper process exited at start (code {code})")
+            self.error = f"the /metrics scraper process exited at start (code {code})"
+            raise RuntimeError(self.error)
         # None: no "ready" yet from a live child; slow, not dead, and the series begins late.
 
     def stop(self) -> ScrapeSummary | None:
@@ -199,8 +200,8 @@ def serve() -> None:
         why.append("stop")
         stop.set()
 
-    # Ctrl-C reaches the whole process group: the parent handles it and then stops us, so that
-    # the series is written. SIGTERM (sent to the group) ends the sampling the same way.
+    # The parent decides when sampling ends (after a Ctrl-C too, which reaches its process group,
+    # not this session): a stray SIGINT is ignored; a SIGTERM ends the sampling as "stop" does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, terminated)
     sampler = Sampler(engine, **args, instant_path=Path(instant) if instant else None)
