@@ -245,6 +245,7 @@ def _close(
     recon = reconcile(table, counters, counter_delta) if scraper is not None else []
     server = _server_summary(series)
     splits = time_split(table, series_rows)
+    split_rows = [split_dict(t) for t in splits]
     if table:
         timeline.plot(table, series, run_dir / "timeline.png", f"{run_id}: KV cache and calls")
     summary = {
@@ -252,7 +253,7 @@ def _close(
         "server_agents": server_agents,
         "scrape_error": scraper.error if scraper else None,
         "reconciliation": [asdict(r) | {"difference": r.difference} for r in recon],
-        "time_split": [split_dict(t) for t in splits],
+        "time_split": split_rows,
         "kv_events": asdict(tables.kv) if tables.kv else None,
         "evictions": {
             "summary": evicted,
@@ -275,7 +276,7 @@ def _close(
         **{f"reconcile.{r.counter}.difference": r.difference for r in recon
            if r.difference is not None},
         **{f"kv.{k}": v for k, v in evicted.items()},
-        **{f"time.{d['span']}.{k}": d[k] for d in map(split_dict, splits)
+        **{f"time.{d['span']}.{k}": d[k] for d in split_rows
            for k in ("client_ms", "engine_ms", "core_ms", "client_side_ms", "front_end_ms")
            if d[k] is not None},
         **({"kv.missing_batches": float(tables.kv.missing_batches)} if tables.kv else {}),

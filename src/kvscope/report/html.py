@@ -106,7 +106,7 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
     fit = latency.fit_prefill_cost(requests)
     blocks = run_dir / BLOCKS_PARQUET
     metrics = run_dir / METRICS_PARQUET
-    series = pq.read_table(metrics) if metrics.exists() else None
+    metrics_table = pq.read_table(metrics) if metrics.exists() else None
     return RunData(
         run_dir=run_dir,
         label=label or run_dir.name,
@@ -120,8 +120,10 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         latency=latency.agent_breakdown(requests, fit),
         workflows=latency.workflow_breakdown(requests, fit),
         evictions=evictions.matrix(pq.read_table(blocks)) if blocks.exists() else None,
-        series=instant_series(series) if series is not None else {},
-        time_split=time_split(requests.to_pylist(), series.to_pylist()) if series else [],
+        series=instant_series(metrics_table) if metrics_table is not None else {},
+        time_split=time_split(requests.to_pylist(), metrics_table.to_pylist())
+        if metrics_table is not None
+        else [],
     )
 
 
