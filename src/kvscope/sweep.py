@@ -536,6 +536,7 @@ def group_engine(cfg: EngineConfig, log_path: Path) -> Iterator[object]:
                     log_path=str(log_path),
                     startup_s=handle.startup_s,
                     config=cfg.model_dump(mode="json"),
+                    dtype=engine.dtype_choice().as_dict(),
                 )
             )
         yield handle
