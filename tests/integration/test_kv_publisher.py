@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 
-from kvscope.collect.kv_events import KvEventListener, read_batches, signed64
+from kvscope.collect.kv_events import KvEventListener
+from kvscope.engines.kv_events import signed64
 from kvscope.engines.vllm import venv_root
+from kvscope.records.kv_events import read_batches
 
 PYTHON = venv_root() / "bin" / "python"
 SCRIPT = Path(__file__).with_name("vllm_publisher.py")

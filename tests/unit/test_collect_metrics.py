@@ -20,12 +20,13 @@ import pytest
 from helpers import SGLANG_FIXTURES, VLLM_FIXTURES, free_port
 
 from kvscope.collect import metrics
-from kvscope.collect.metrics import SCHEMA, Sampler, instant_series
+from kvscope.collect.metrics import Sampler
 from kvscope.collect.series import counter_delta, nearest
 from kvscope.engines.base import COUNTERS, INSTANT_VALUES, LATENCIES, Engine
 from kvscope.engines.detect import parse_metrics
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
+from kvscope.records.metrics import SCHEMA, instant_series
 
 SGLANG_SCRAPES = [
     "metrics_tokenizer_and_scheduler.prom",

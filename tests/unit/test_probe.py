@@ -15,7 +15,7 @@ from kvscope.config import EngineConfig
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.probe.client import Probe, RunInfo
-from kvscope.schema import COLUMNS, RequestRecord
+from kvscope.records.requests import COLUMNS, RequestRecord
 from kvscope.workload.runtime import CallIds, PromptInfo
 
 SSE = (VLLM_FIXTURES / "chat_completion_stream.sse").read_text()

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from helpers import SGLANG_FIXTURES
 
-from kvscope.collect.kv_events import decode, signed64
 from kvscope.config import EngineConfig, EvictionPolicy
 from kvscope.engines.detect import parse_metrics, reports_cached_tokens
+from kvscope.engines.kv_events import decode, signed64
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled

@@ -11,7 +11,7 @@ import pytest
 
 from kvscope.config import SyntheticConfig, WorkloadConfig
 from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_ERROR, STATUS_OK
+from kvscope.records.requests import STATUS_ERROR, STATUS_OK
 from kvscope.workload.peer import WorkflowResult, assign_tasks, run_workflows
 from kvscope.workload.prompts import TEMPLATE_VERSION
 from kvscope.workload.runtime import CallIds, LlmReply, PromptInfo

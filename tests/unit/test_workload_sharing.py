@@ -14,7 +14,7 @@ from helpers import ROOT
 
 from kvscope.config import WorkloadConfig, load_yaml, parse_experiment
 from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
 from kvscope.workload.peer import assign_tasks, run_workflows
 from kvscope.workload.prompts import AGENTS, StateView

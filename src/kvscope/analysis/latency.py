@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from kvscope.analysis.turns import BASE, agent_order, nonneg, query
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 
 LOW_HIT = 0.5  # an agent below this weighted hit ratio ...
 SMALL_SHARE = 0.15  # ... with less than this share of workflow time is flagged as cheap to ignore

@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.collect.kv_events import KvEvent
-from kvscope.schema import STATUS_OK
+from kvscope.records.blocks import BlockRecord
+from kvscope.records.kv_events import KvBatch, KvEvent
+from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
 
 _ROOT = 0
 _MOD = (1 << 61) - 1  # rolling hash modulus (a Mersenne prime)
@@ -66,8 +67,8 @@ def prompt_keys(ids: Sequence[int], block_size: int) -> list[int]:
     return keys
 
 
-def build_ledger(events: Iterable[tuple[Mapping[str, Any], KvEvent]]) -> Ledger:
-    """Block lives from (batch row, event) pairs in publish order (read_batches + events_of)."""
+def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
+    """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
     lives: list[BlockLife] = []
     alive: dict[int, BlockLife] = {}
     block_size: int | None = None
@@ -75,7 +76,7 @@ def build_ledger(events: Iterable[tuple[Mapping[str, Any], KvEvent]]) -> Ledger:
     step_stores: dict[int, list[str]] = defaultdict(list)  # seq -> session_ids stored then
     removed_in: list[tuple[BlockLife, int]] = []
     for batch, e in events:
-        ts, seq = batch["ts_ns"], batch["seq"]
+        ts, seq = batch.ts_ns, batch.seq
         if e.kind == "stored":
             size = e.block_size or block_size
             block_size = block_size or size
@@ -271,29 +272,29 @@ def _block_row(b: BlockLife, by_uuid: Mapping[str, Row]) -> Row:
     owner, evictor = by_uuid.get(b.owner or ""), by_uuid.get(b.evictor or "")
     needer = by_uuid.get(b.needed_by[0]) if b.needed_by else None
     harmful = b.removal == "evicted" and bool(b.needed_by)
-    return {
-        "block_hash": b.block_hash,
-        "tokens": b.tokens,
-        "stored_ns": b.stored_ns,
-        "removed_ns": b.removed_ns,
-        "removal": b.removal,
-        "residency_ms": None if b.removed_ns is None else (b.removed_ns - b.stored_ns) / 1e6,
-        "owner_request_uuid": b.owner,
-        "owner_agent_id": owner["agent_id"] if owner else None,
-        "owner_workflow_run_id": owner["workflow_run_id"] if owner else None,
-        "owner_turn_id": owner["turn_id"] if owner else None,
-        "attribution": b.attribution,
-        "hits": len(b.hits),
-        "evictor_request_uuid": b.evictor,
-        "evictor_agent_id": evictor["agent_id"] if evictor else None,
-        "evictor_workflow_run_id": evictor["workflow_run_id"] if evictor else None,
-        "evictor_inferred": b.evictor_method,
-        "harmful": harmful,
-        "recomputed_tokens": b.tokens * len(b.needed_by) if harmful else 0,
-        "needed_by_request_uuid": needer["request_uuid"] if needer else None,
-        "needed_by_agent_id": needer["agent_id"] if needer else None,
-        "needed_by_transition": _transition(needer) if needer else None,
-    }
+    return BlockRecord(
+        block_hash=b.block_hash,
+        tokens=b.tokens,
+        stored_ns=b.stored_ns,
+        removed_ns=b.removed_ns,
+        removal=b.removal,
+        residency_ms=None if b.removed_ns is None else (b.removed_ns - b.stored_ns) / 1e6,
+        owner_request_uuid=b.owner,
+        owner_agent_id=owner["agent_id"] if owner else None,
+        owner_workflow_run_id=owner["workflow_run_id"] if owner else None,
+        owner_turn_id=owner["turn_id"] if owner else None,
+        attribution=b.attribution,
+        hits=len(b.hits),
+        evictor_request_uuid=b.evictor,
+        evictor_agent_id=evictor["agent_id"] if evictor else None,
+        evictor_workflow_run_id=evictor["workflow_run_id"] if evictor else None,
+        evictor_inferred=b.evictor_method,
+        harmful=harmful,
+        recomputed_tokens=b.tokens * len(b.needed_by) if harmful else 0,
+        needed_by_request_uuid=needer["request_uuid"] if needer else None,
+        needed_by_agent_id=needer["agent_id"] if needer else None,
+        needed_by_transition=_transition(needer) if needer else None,
+    ).to_dict()
 
 
 def _transition(r: Row) -> str:
@@ -327,13 +328,6 @@ class _Windows:
         for t in chunk:
             h = (h * _BASE + t + 1) % _MOD
         return h in self.hashes
-
-
-PROVENANCE_COLUMNS = (
-    "cached_self_tokens", "cached_cross_agent_tokens", "cached_cross_workflow_tokens",
-    "cached_unattributed_tokens", "uncached_evicted_tokens", "uncached_layout_tokens",
-    "uncached_cold_tokens",
-)  # fmt: skip
 
 
 def by_agent(rows: Sequence[Row]) -> dict[str, dict[str, int]]:

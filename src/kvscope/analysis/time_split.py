@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvscope.collect.series import series_deltas
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 
 # span -> (engine histogram, client column, the core's per-request parts)
 SPANS = {
@@ -51,6 +51,14 @@ class TimeSplit:
         if not self.matched or self.engine_ms is None or self.core_ms is None:
             return None
         return self.engine_ms - self.core_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """The split with its derived parts, for summary.json."""
+        return asdict(self) | {
+            "matched": self.matched,
+            "client_side_ms": self.client_side_ms,
+            "front_end_ms": self.front_end_ms,
+        }
 
 
 def histogram_sums(series: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -98,12 +106,3 @@ def time_split(
             )
         )
     return out
-
-
-def as_dict(split: TimeSplit) -> dict[str, Any]:
-    """The split with its derived parts, for summary.json."""
-    return asdict(split) | {
-        "matched": split.matched,
-        "client_side_ms": split.client_side_ms,
-        "front_end_ms": split.front_end_ms,
-    }

@@ -30,10 +30,10 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
 
 import pyarrow as pa
 
+from kvscope.analysis.agents import agent_key
 from kvscope.analysis.turns import (
     BASE,
     CACHE_AGGREGATES,
-    agent_key,
     agent_order,
     nonneg,
     provenance_aggregates,

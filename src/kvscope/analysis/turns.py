@@ -1,7 +1,7 @@
 """RQ1: do agents behave differently, and how does that change across workflow turns?
 
-Every analysis in this package runs over the canonical request table (`kvscope.store.
-load_requests`) and follows the design note's definitions:
+Every analysis in this package runs over the canonical request table
+(`kvscope.records.requests.load_table`) and follows the design note's definitions:
 
 - a row counts in a cache ratio only if its call succeeded (status "ok") and both
   `prompt_tokens` and `cached_tokens` were measured ("measured" rows); a null is "not measured",
@@ -13,13 +13,11 @@ load_requests`) and follows the design note's definitions:
 This module also holds the small SQL helpers the other analyses share.
 """
 
-from dataclasses import asdict
-
 import duckdb
 import pyarrow as pa
 
-from kvscope.analysis.agents import AGENT_ORDER, per_agent
-from kvscope.schema import ARROW_SCHEMA, STATUS_OK
+from kvscope.analysis.agents import AGENT_ORDER, as_table, per_agent
+from kvscope.records.requests import STATUS_OK, RequestRecord
 
 # The view every query starts from: the table plus a `measured` flag.
 BASE = f"""
@@ -78,25 +76,12 @@ def agent_order(column: str = "agent_id") -> str:
     return f"CASE {column} {whens} ELSE {len(AGENT_ORDER)} END, {column}"
 
 
-def agent_key(agent: str) -> tuple[int, str]:
-    """Python sort key matching `agent_order`."""
-    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
-
-
-def conform(table: pa.Table) -> pa.Table:
-    """The table with every canonical column: ones an older run lacks are added as nulls."""
-    for field in ARROW_SCHEMA:
-        if field.name not in table.column_names:
-            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-    return table
-
-
 def query(sql: str, **tables: pa.Table) -> pa.Table:
     """Run `sql` with each keyword table registered under its name (requests are conformed)."""
     con = duckdb.connect()
     try:
         for name, table in tables.items():
-            con.register(name, conform(table) if name == "requests" else table)
+            con.register(name, RequestRecord.conform(table) if name == "requests" else table)
         return con.sql(sql).to_arrow_table()
     finally:
         con.close()
@@ -109,10 +94,7 @@ def agent_summary(requests: pa.Table) -> pa.Table:
     new_prefill_tokens_p50, cached_tokens, new_prefill_tokens (= recompute burden),
     weighted_hit_ratio, ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, e2e_p50_ms, e2e_p95_ms, tool_ms.
     """
-    rows = [asdict(s) for s in per_agent(conform(requests).to_pylist())]
-    if rows:
-        return pa.Table.from_pylist(rows)
-    return pa.table({"agent_id": pa.array([], pa.string()), "calls": pa.array([], pa.int64())})
+    return as_table(per_agent(RequestRecord.conform(requests).to_pylist()))
 
 
 def agent_turns(requests: pa.Table) -> pa.Table:

@@ -17,7 +17,7 @@ from kvscope.engines import state as engine_state
 from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.engines.detect import detect, fetch_metrics, list_models
 from kvscope.engines.process import group_members, stop_group
-from kvscope.engines.runtime import start
+from kvscope.engines.runtime import start, state_of
 from kvscope.errors import EngineError
 
 app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
@@ -118,18 +118,7 @@ def engine_up(
     except BaseException:
         handle.stop()
         raise
-    proc = handle.process
-    st = engine_state.EngineState(
-        kind=engine.name,
-        pid=proc.pid if proc else None,
-        descendants=tuple(proc.descendants()) if proc else (),
-        endpoints=handle.endpoints,
-        launch_command=handle.launch.shell() if handle.launch else None,
-        log_path=str(log) if proc else None,
-        startup_s=handle.startup_s,
-        config=cfg.model_dump(mode="json"),
-        capabilities=asdict(caps),
-    )
+    st = state_of(handle, log, capabilities=asdict(caps))
     engine_state.save(st)
     engine_state.environment_file().write_text(json.dumps(env, indent=2))
     _show(engine, st, caps, healthy=True)

@@ -18,13 +18,14 @@ import openai
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.schema import (
+from kvscope.records.requests import (
     STATUS_ERROR,
     STATUS_OK,
     STATUS_TIMEOUT,
     RequestRecord,
     derived_cache,
 )
+from kvscope.records.tokens import PromptTokenIds
 from kvscope.workload.runtime import CallIds, PromptInfo
 
 
@@ -61,7 +62,7 @@ class Probe:
         timeout_s: float,
         sink: Callable[[RequestRecord], None],
         tokens: ChatTokenizer | None = None,
-        token_sink: Callable[[str, tuple[int, ...]], None] | None = None,
+        token_sink: Callable[[PromptTokenIds], None] | None = None,
         store_prompts: bool = False,
     ) -> None:
         self.engine = engine
@@ -196,7 +197,7 @@ class Probe:
             return out
         pt = self.tokens.prompt(messages, prompt.fixed_messages)
         if self.token_sink is not None:
-            self.token_sink(request_uuid, pt.token_ids)
+            self.token_sink(PromptTokenIds(request_uuid, pt.token_ids))
         out |= {
             "prompt_hash": pt.prompt_hash,
             "token_id_hash": pt.token_id_hash,

@@ -20,7 +20,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from kvscope.config import WorkloadConfig
 from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
 from kvscope.workload.runtime import AgentRuntime, CallIds, LlmReply
 from kvscope.workload.synthetic import SyntheticPrompts
