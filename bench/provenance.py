@@ -14,8 +14,8 @@ import resource
 import time
 from collections import OrderedDict
 
-from kvscope.analysis.divergence import with_divergence
-from kvscope.analysis.provenance import build_ledger, chain_key, provenance
+from kvscope.finalize.divergence import with_divergence
+from kvscope.finalize.provenance import build_ledger, chain_key, provenance
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")

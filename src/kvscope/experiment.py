@@ -25,7 +25,7 @@ from kvscope.finalize import finalize
 from kvscope.probe.runtime import ProfiledRuntime
 from kvscope.probe.tracing import Tracer
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
-from kvscope.workload import peer
+from kvscope.workload import driver
 
 __all__ = ["Hooks", "RunOutcome", "drive", "run_experiment"]
 
@@ -34,7 +34,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
     hooks = hooks or Hooks()
     check_experiment(cfg)
     session = CaptureSession(cfg, hooks)
-    results: list[peer.WorkflowResult] = []
+    results: list[driver.WorkflowResult] = []
     failure: BaseException | None = None
     try:
         with session:
@@ -63,14 +63,14 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
 
 def drive(
     session: CaptureSession, cfg: ExperimentConfig, hooks: Hooks
-) -> list[peer.WorkflowResult]:
+) -> list[driver.WorkflowResult]:
     """Run the configured PEER workflows through the session's probe, with their MLflow traces."""
     runtime = ProfiledRuntime(session.probe, Tracer(enabled=cfg.tracking.traces), "peer")
     tokenizer = _tokenizer(session.engine) if cfg.workload.mode == "synthetic" else None
 
-    async def workflows() -> list[peer.WorkflowResult]:
+    async def workflows() -> list[driver.WorkflowResult]:
         try:
-            return await peer.run_workflows(
+            return await driver.run_workflows(
                 runtime,
                 cfg.workload,
                 session.run_id,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from kvscope.analysis.divergence import with_divergence
+from kvscope.finalize.divergence import with_divergence
 from kvscope.probe.tokens import ChatTokenizer, token_hash
 from kvscope.records.metrics import instant_series_jsonl
 from kvscope.records.tokens import PrefixIndex, common_prefix

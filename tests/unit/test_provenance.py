@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from kvscope.analysis import evictions
-from kvscope.analysis.provenance import build_ledger, by_agent, provenance
+from kvscope.analysis.provenance import by_agent
+from kvscope.finalize.provenance import build_ledger, provenance
 from kvscope.records.blocks import BLOCKS_SCHEMA
 from kvscope.records.kv_events import KvBatch, KvEvent
 

@@ -92,14 +92,14 @@ def run(
 def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     """The run's summary: the same analysis, tables and sentences as its report.html."""
     from kvscope.analysis.agents import as_table
-    from kvscope.report import columns
+    from kvscope.report.columns import COLUMNS
     from kvscope.report.prose import say
     from kvscope.report.run_sections import provenance_table
     from kvscope.report.table import table
     from kvscope.report.terminal import rich_table
 
     a, w = outcome.analysis, outcome.workload
-    agents = table(as_table([*a.agents, a.total]), columns.AGENT_COLUMNS,
+    agents = table(as_table([*a.agents, a.total]), COLUMNS["agent"],
                    f"per agent ({outcome.benchmark_run_id})")  # fmt: skip
     console.print(rich_table(agents))
     failed = f" ({w.failed} ended by a failed call)" if w.failed else ""
@@ -132,7 +132,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
         console.print(rich_table(provenance_table(a)))
     if a.evictions is not None:
         if a.evictions.num_rows:
-            console.print(rich_table(table(a.evictions, columns.EVICTION_COLUMNS,
+            console.print(rich_table(table(a.evictions, COLUMNS["eviction"],
                                            "evictions: evictor (inferred) -> victim")))  # fmt: skip
         else:
             console.print("evictions: none")

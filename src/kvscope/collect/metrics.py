@@ -15,6 +15,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import httpx
 import pyarrow as pa
@@ -73,19 +74,19 @@ class _Columns:
         self.scrape_end.append(len(self.series))
 
 
+class SamplerOptions(TypedDict, total=False):
+    interval_s: float  # between scrapes (default 0.25)
+    timeout_s: float  # of one scrape (default 1.0)
+    instant_path: Path | None  # metrics.kvscope.jsonl: kvscope's values per scrape, as they come
+
+
 class Sampler:
     """Scrapes `url` every `interval_s` from start() to stop(); write() saves the series."""
 
-    def __init__(
-        self,
-        engine: type[Engine],
-        url: str,
-        benchmark_run_id: str,
-        *,
-        interval_s: float = 0.25,
-        timeout_s: float = 1.0,
-        instant_path: Path | None = None,
-    ) -> None:
+    def __init__(self, engine: type[Engine], url: str, benchmark_run_id: str,
+                 **options: Unpack[SamplerOptions]) -> None:  # fmt: skip
+        interval_s, timeout_s = options.get("interval_s", 0.25), options.get("timeout_s", 1.0)
+        instant_path = options.get("instant_path")
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
         if not engine.metric_prefix:

@@ -21,12 +21,12 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Unpack
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.collect.metrics import Sampler
+from kvscope.collect.metrics import Sampler, SamplerOptions
 from kvscope.engines.base import Engine
 from kvscope.records.metrics import (
     METRICS_GAPS,
@@ -52,27 +52,18 @@ class MetricsScraper:
     what the child appended to `instant_path` per scrape is then all there is.
     """
 
-    def __init__(
-        self,
-        engine: type[Engine],
-        url: str,
-        benchmark_run_id: str,
-        *,
-        interval_s: float = 0.25,
-        timeout_s: float = 1.0,
-        instant_path: Path | None = None,
-    ) -> None:
-        # Sampler checks the arguments here, before a process is started for them.
-        Sampler(engine, url, benchmark_run_id, interval_s=interval_s, timeout_s=timeout_s)
+    def __init__(self, engine: type[Engine], url: str, benchmark_run_id: str,
+                 **options: Unpack[SamplerOptions]) -> None:  # fmt: skip
+        # The Sampler checks the arguments here, before a process is started for them; the
+        # child gets them as it read them (defaults filled in).
+        s = Sampler(engine, url, benchmark_run_id, **(options | {"instant_path": None}))
+        self.instant_path = options.get("instant_path")
         self._args: dict[str, Any] = {
-            "engine": f"{engine.__module__}:{engine.__qualname__}",
-            "url": url,
-            "benchmark_run_id": benchmark_run_id,
-            "interval_s": interval_s,
-            "timeout_s": timeout_s,
-            "instant_path": str(instant_path) if instant_path else None,
-        }
-        self.instant_path = instant_path
+            "engine": f"{engine.__module__}:{engine.__qualname__}", "url": url,
+            "benchmark_run_id": benchmark_run_id, "interval_s": s.interval_s,
+            "timeout_s": s.timeout_s,
+            "instant_path": str(self.instant_path) if self.instant_path else None,
+        }  # fmt: skip
         self.error: str | None = None
         self._dir = Path()
         self._process: subprocess.Popen[bytes] | None = None

@@ -10,10 +10,10 @@ from typing import Any
 from kvscope.analysis import runs
 from kvscope.analysis.run import RunAnalysis
 from kvscope.records.run_dir import run_name
-from kvscope.report import columns as c
 from kvscope.report import plots
+from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
-from kvscope.report.table import Column, Section, table
+from kvscope.report.table import Section, table
 
 # Settings that change what a run measures besides KV capacity and concurrency: runs that differ
 # in one are not compared along the pressure axes (RQ4).
@@ -97,7 +97,7 @@ def cross_run_sections(data: Sequence[RunAnalysis]) -> list[Section]:
 
 
 def rq3(by_label: dict[str, Any]) -> Section:
-    cols = (c.RUNS_COLUMNS[0], Column("prompt_layout", "layout", "text"), *c.RUNS_COLUMNS[1:])
+    cols = COLUMNS["rq3"]
     layout = runs.layout_comparison(by_label)
     return Section(
         "rq3",
@@ -130,13 +130,7 @@ def rq4(data: Sequence[RunAnalysis], by_capacity: bool, by_concurrency: bool) ->
             say("concurrency_loss", loss)
             for loss in runs.first_to_lose_reuse(sweep, axis="concurrency")
         ]
-    cols = (
-        c.RUNS_COLUMNS[0],
-        Column("kv_capacity_tokens", "KV capacity"),
-        Column("concurrency", "concurrency"),
-        Column("group", "differs in", "text"),
-        *c.RUNS_COLUMNS[1:],
-    )
+    cols = COLUMNS["rq4"]
     return Section(
         "rq4",
         "RQ4: cache pressure",
@@ -150,7 +144,7 @@ def rq4(data: Sequence[RunAnalysis], by_capacity: bool, by_concurrency: bool) ->
 
 def rq5(by_label: dict[str, Any]) -> Section:
     sharing = runs.sharing_comparison(by_label)
-    cols = (Column("sharing_mode", "sharing", "text"), *c.RUNS_COLUMNS)
+    cols = COLUMNS["rq5"]
     return Section(
         "rq5",
         "RQ5: sharing modes",

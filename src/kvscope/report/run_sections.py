@@ -10,8 +10,8 @@ from kvscope.analysis.run import RunAnalysis
 from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
 from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
 from kvscope.records.run_dir import TIMELINE_PNG
-from kvscope.report import columns as c
 from kvscope.report import plots, timeline
+from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
 from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
 
@@ -67,7 +67,7 @@ def agents(run: RunAnalysis) -> Section:
         say("agents_intro"),
         plots.agent_bars(summary),
         say("agents_missing"),
-        [table(summary, c.AGENT_COLUMNS, "per agent")],
+        [table(summary, COLUMNS["agent"], "per agent")],
     )
 
 
@@ -79,7 +79,7 @@ def turns(run: RunAnalysis) -> Section:
         say("turns_intro"),
         lines,
         "" if lines else say("turns_missing"),
-        [table(run.turns, c.TURN_COLUMNS, "per agent x turn")],
+        [table(run.turns, COLUMNS["turn"], "per agent x turn")],
     )
 
 
@@ -109,7 +109,7 @@ def transitions(run: RunAnalysis) -> Section:
     pairs = run.transitions
     has_prov = any(v for v in pairs["provenance_calls"].to_pylist())
     hidden = {"provenance_calls", *PROVENANCE}
-    cols = c.PAIR_COLUMNS if has_prov else [x for x in c.PAIR_COLUMNS if x.name not in hidden]
+    cols = COLUMNS["pair"] if has_prov else [x for x in COLUMNS["pair"] if x.name not in hidden]
     return Section(
         "transitions",
         "RQ2: transitions",
@@ -136,10 +136,10 @@ def latency(run: RunAnalysis) -> Section:
         plots.latency_stack(run.latency),
         say("latency_missing"),
         [
-            table(run.latency, c.LATENCY_COLUMNS, "per agent, all workflows (ms)", drop_null=True),
+            table(run.latency, COLUMNS["latency"], "per agent, all workflows (ms)", drop_null=True),
             table(
                 short,
-                c.WORKFLOW_COLUMNS,
+                COLUMNS["workflow"],
                 "per workflow, along its critical path (ms)",
                 drop_null=True,
             ),
@@ -188,7 +188,7 @@ def evictions(run: RunAnalysis) -> Section:
         say("evictions_intro"),
         plots.eviction_heatmap(pairs) if pairs is not None else None,
         say("evictions_missing", recorded),
-        [table(pairs, c.EVICTION_COLUMNS, "evictor x victim")]
+        [table(pairs, COLUMNS["eviction"], "evictor x victim")]
         if pairs is not None and pairs.num_rows
         else [],
     )

@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.analysis.divergence import with_divergence
-from kvscope.analysis.provenance import build_ledger, provenance
 from kvscope.collect.context import with_context
 from kvscope.errors import KvscopeError
+from kvscope.finalize.divergence import with_divergence
+from kvscope.finalize.provenance import build_ledger, provenance
 from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA
 from kvscope.records.finalized import Finalized, KvReport
