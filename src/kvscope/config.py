@@ -44,6 +44,11 @@ class EngineConfig(BaseModel):
         None, description="Policy parameters, e.g. tlru: {threshold, next_prompt_estimate}."
     )
     page_size: int | None = Field(None, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Weights and compute dtype; auto: the engine's best choice for this machine "
+        "(vLLM CPU: bfloat16 only where the CPU has native bf16, else float32).",
+    )
     hierarchical_cache: bool = False
     kv_events: bool = True
     request_log_level: int = Field(0, ge=0, le=3)

@@ -1,7 +1,6 @@
 """The reproducible environment of a measurement (the design note's Phase 0)."""
 
 import importlib.metadata
-import os
 import platform
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from typing import Any
 import psutil
 
 from kvscope.engines.base import Capabilities, Engine, Launch
+from kvscope.engines.cpu import read_cpu
 
 # kvscope's own stack, as far as installed; absent packages are recorded as None.
 STACK = (
@@ -28,17 +28,6 @@ def package_versions(names: tuple[str, ...] = STACK) -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def gpus() -> list[dict[str, str]]:
@@ -70,13 +59,15 @@ def collect(
     return {
         "os": platform.platform(),
         "python": sys.version.split()[0],
-        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count()},
+        # The ISA flags and caps decide the engine's dtype on a CPU (engines/cpu.py).
+        "cpu": read_cpu(engine_env=engine.config.env).as_dict(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "gpus": gpus(),
         "packages": package_versions(),
         "engine": {
             "kind": engine.name,
             "version": engine.version(),
+            "dtype": engine.dtype_choice().as_dict(),
             "packages": stack_versions() if callable(stack_versions) else None,
             "launch_command": launch.shell() if launch else None,
             "argv": launch.redacted_argv() if launch else None,

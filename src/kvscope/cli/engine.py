@@ -305,6 +305,11 @@ def _show(
     started = f", healthy after {st.startup_s:.1f} s" if st.startup_s else ""
     table.add_row("engine", who + (started if healthy else ", [red]NOT HEALTHY[/]"))
     table.add_row("url", st.endpoints.base_url)
+    if st.dtype:
+        flags = ", ".join(st.dtype.get("isa_flags") or []) or "none of avx2/avx512/amx"
+        caps = "".join(f", {k}={v}" for k, v in (st.dtype.get("isa_caps") or {}).items())
+        cpu = f"; CPU flags: {flags}{caps}" if "isa_flags" in st.dtype else ""
+        table.add_row("dtype", f"{st.dtype['dtype']} ({st.dtype['reason']}{cpu})")
     if caps is not None:
         table.add_row("model", ", ".join(caps.models) or "-")
         cap = f"{caps.capacity_tokens:,} tokens" if caps.capacity_tokens else "unknown"

@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.config import EngineConfig
+from kvscope.engines.cpu import DtypeChoice
 
 # Flag or variable names whose values are secrets: --api-key, --hf-token, HF_TOKEN, *_SECRET...
 _SECRET_FLAG = re.compile(r"(api[-_]?key|secret|password|(^|[-_])token$)", re.IGNORECASE)
@@ -166,6 +167,13 @@ class Engine(ABC):
 
     def version(self) -> str | None:
         return None
+
+    def dtype_choice(self) -> DtypeChoice:
+        """The dtype the engine is launched with and why; `auto` leaves it to the engine."""
+        requested = self.config.dtype
+        if requested == "auto":
+            return DtypeChoice(requested, "auto", "auto: the engine's default (the model's dtype)")
+        return DtypeChoice(requested, requested, f"engine.dtype: {requested}")
 
     def model_facts(self) -> dict[str, Any]:
         """Model id, revision, tokenizer, chat template, dtype... as far as this engine knows."""

@@ -66,6 +66,7 @@ def state_of(
         startup_s=handle.startup_s,
         config=handle.engine.config.model_dump(mode="json"),
         capabilities=capabilities,
+        dtype=handle.engine.dtype_choice().as_dict() if handle.launch else None,
     )
 
 

@@ -136,6 +136,8 @@ class SglangEngine(Engine):
             argv += ["--max-total-tokens", str(c.kv_capacity_tokens)]
         if c.page_size is not None:
             argv += ["--page-size", str(c.page_size)]
+        if c.dtype != "auto":
+            argv += ["--dtype", c.dtype]
         if c.hierarchical_cache:
             argv.append("--enable-hierarchical-cache")
         ep = self.endpoints()

@@ -24,6 +24,7 @@ class EngineState:
     startup_s: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
     capabilities: dict[str, Any] | None = None
+    dtype: dict[str, Any] | None = None  # DtypeChoice.as_dict(): what was launched and why
 
     def alive(self) -> bool:
         return self.pid is not None and psutil.pid_exists(self.pid)

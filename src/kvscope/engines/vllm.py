@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 from kvscope import paths
 from kvscope.engines import model
 from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
+from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
 from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
 from kvscope.engines.process import require_free_port
 from kvscope.errors import ConfigError, EngineNotInstalled
@@ -108,7 +109,7 @@ class VllmEngine(Engine):
             "--host", c.host,
             "--port", str(c.port),
             "--max-model-len", str(c.context_length),
-            "--dtype", "bfloat16",
+            "--dtype", self.dtype_choice().dtype,
             "--enforce-eager",  # start-up 30-60 s instead of ~2 min of graph capture on CPU
             "--enable-prefix-caching" if c.prefix_cache else "--no-enable-prefix-caching",
             "--enable-prompt-tokens-details",
@@ -206,6 +207,13 @@ class VllmEngine(Engine):
     def version(self) -> str | None:
         return dist_versions(self.python.parent.parent, [PACKAGE])[PACKAGE]
 
+    def dtype_choice(self) -> DtypeChoice:
+        # kvscope runs vLLM's CPU build (a `python` of the user's own may be a GPU build: there
+        # the CPU's flags say nothing, and auto is vLLM's own auto).
+        if self.config.python is not None and self.version() is None:
+            return super().dtype_choice()
+        return choose_dtype(self.config.dtype, read_cpu(engine_env=self.config.env))
+
     def stack_versions(self) -> dict[str, str | None]:
         return dist_versions(self.python.parent.parent, STACK)
 
@@ -214,7 +222,7 @@ class VllmEngine(Engine):
         facts.setdefault("model_id", str(self.model_path))
         facts["served_model_name"] = self.served_name
         facts["context_length"] = self.config.context_length
-        facts["weights_dtype"] = "bfloat16"
+        facts["weights_dtype"] = self.dtype_choice().dtype
         return facts
 
     @classmethod

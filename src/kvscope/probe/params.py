@@ -22,6 +22,10 @@ def mlflow_params(
         "serving_engine": e.kind,
         "engine_version": version,
         "launch_command": env["engine"]["launch_command"],
+        # dtype: what the engine ran with; why: the rule and the CPU flags (engines/cpu.py)
+        "dtype": (env["engine"].get("dtype") or {}).get("dtype"),
+        "dtype_reason": (env["engine"].get("dtype") or {}).get("reason"),
+        "cpu_isa_flags": ",".join(env.get("cpu", {}).get("isa_flags") or []) or None,
         "prefix_cache": e.prefix_cache,
         "radix_eviction_policy": e.eviction_policy,
         "kv_capacity_tokens_config": e.kv_capacity_tokens,
