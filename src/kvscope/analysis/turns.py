@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from kvscope.analysis.agents import AGENT_ORDER, as_table, per_agent
-from kvscope.records.requests import STATUS_OK, RequestRecord
+from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK, RequestRecord
 
 # The view every query starts from: the table plus a `measured` flag.
 BASE = f"""
@@ -26,30 +26,24 @@ SELECT *,
 FROM requests
 """
 
+# The design note's two cache numbers over a group of rows (of BASE), as SQL; the same
+# definitions as kvscope.analysis.agents.weighted_hit_ratio / recompute_burden.
+PROMPT = "sum(prompt_tokens) FILTER (WHERE measured)"
+BURDEN = "sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured)"
+HIT_RATIO = f"sum(cached_tokens) FILTER (WHERE measured) / nullif({PROMPT}, 0)"
+
 # calls, failed, measured, prompt_tokens, cached_tokens, weighted_hit_ratio, recompute_burden,
 # ttft_p50_ms: the cache aggregates of one group of rows (of BASE).
 CACHE_AGGREGATES = f"""
   count(*) AS calls,
   count(*) FILTER (WHERE status <> '{STATUS_OK}') AS failed,
   count(*) FILTER (WHERE measured) AS measured,
-  CAST(sum(prompt_tokens) FILTER (WHERE measured) AS BIGINT) AS prompt_tokens,
+  CAST({PROMPT} AS BIGINT) AS prompt_tokens,
   CAST(sum(cached_tokens) FILTER (WHERE measured) AS BIGINT) AS cached_tokens,
-  sum(cached_tokens) FILTER (WHERE measured)
-    / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS weighted_hit_ratio,
-  CAST(sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured) AS BIGINT)
-    AS recompute_burden,
+  {HIT_RATIO} AS weighted_hit_ratio,
+  CAST({BURDEN} AS BIGINT) AS recompute_burden,
   quantile_cont(ttft_ms, 0.5) FILTER (WHERE status = '{STATUS_OK}') AS ttft_p50_ms
 """
-
-PROVENANCE = (
-    "cached_self_tokens",
-    "cached_cross_agent_tokens",
-    "cached_cross_workflow_tokens",
-    "cached_unattributed_tokens",
-    "uncached_evicted_tokens",
-    "uncached_layout_tokens",
-    "uncached_cold_tokens",
-)
 
 
 def provenance_aggregates() -> str:
@@ -59,7 +53,7 @@ def provenance_aggregates() -> str:
     """
     sums = ",\n".join(
         f"  CAST(sum({c}) FILTER (WHERE status = '{STATUS_OK}') AS BIGINT) AS {c}"
-        for c in PROVENANCE
+        for c in PROVENANCE_COLUMNS
     )
     has = f"status = '{STATUS_OK}' AND cached_self_tokens IS NOT NULL"
     return f"  count(*) FILTER (WHERE {has}) AS provenance_calls,\n{sums}"
