@@ -307,8 +307,8 @@ def _show(
     table.add_row("url", st.endpoints.base_url)
     if st.dtype:
         flags = ", ".join(st.dtype.get("isa_flags") or []) or "none of avx2/avx512/amx"
-        caps = "".join(f", {k}={v}" for k, v in (st.dtype.get("isa_caps") or {}).items())
-        cpu = f"; CPU flags: {flags}{caps}" if "isa_flags" in st.dtype else ""
+        isa_caps = "".join(f", {k}={v}" for k, v in (st.dtype.get("isa_caps") or {}).items())
+        cpu = f"; CPU flags: {flags}{isa_caps}" if "isa_flags" in st.dtype else ""
         table.add_row("dtype", f"{st.dtype['dtype']} ({st.dtype['reason']}{cpu})")
     if caps is not None:
         table.add_row("model", ", ".join(caps.models) or "-")
