@@ -135,11 +135,11 @@ def test_listener_gaps_and_replay(
 
     rows, torn = read_batches(path)
     assert torn == 0
-    assert [r["seq"] for r in rows] == seqs
+    assert [r.seq for r in rows] == seqs
     sources = ["live", "replay", "live", "live", "live"]
-    assert {r["seq"]: r["source"] for r in rows} == dict(zip(seqs, sources, strict=True))
+    assert {r.seq: r.source for r in rows} == dict(zip(seqs, sources, strict=True))
     for row, reply in zip(rows, sent, strict=True):
-        assert row["ts_ns"] == round(reply["ts"] * 1e9)
+        assert row.ts_ns == round(reply["ts"] * 1e9)
     decoded = [event for _, event in events_of(rows)]
     assert decoded == [expected(e) for events in b for e in events]
 
