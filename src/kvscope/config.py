@@ -116,7 +116,7 @@ class WorkloadConfig(BaseModel):
     sharing: Sharing = Field(
         "documents", description="RQ5: what the agents' prompts share (tasks mode)."
     )
-    max_tokens: int = Field(48, ge=1, description="Output tokens per agent call (tasks mode).")
+    max_tokens: int = Field(32, ge=1, description="Output tokens per agent call (tasks mode).")
     tool: bool = Field(True, description="The Executor calls a local tool.")
     seed: int = 0
     synthetic: SyntheticConfig = SyntheticConfig()

@@ -1,8 +1,10 @@
 """The real embedded engine (vLLM CPU + SmolLM2), started once per session by `engine up`."""
 
 import json
+import re
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -50,6 +52,21 @@ def test_status_shows_model_capacity_and_capabilities(up: Up) -> None:
     assert model["chat_template_sha256"] and model["tokenizer_sha256"]
     assert model["kv_cache_dtype"] == "auto" and model["dtype"] == "bfloat16"
     assert model["context_length"] == 2048
+
+
+def test_dtype_follows_the_cpu_and_is_shown(up: Up) -> None:
+    env = json.loads((up.state_dir / "environment.json").read_text())
+    choice = env["engine"]["dtype"]
+    native = set(env["cpu"]["isa_flags"]) & {"avx512_bf16", "amx_bf16"}
+    if not env["cpu"]["isa_caps"]:  # (caps: tests/unit/test_engine_cpu.py)
+        assert choice["dtype"] == ("bfloat16" if native else "float32")
+    argv = env["engine"]["argv"]
+    assert argv[argv.index("--dtype") + 1] == choice["dtype"]
+    assert choice["reason"].startswith("auto: ")
+    # the engine itself says it runs in that dtype
+    assert f"dtype=torch.{choice['dtype']}" in Path(up.state["log_path"]).read_text()
+    shown = up.cli("engine", "status").stdout
+    assert re.search(rf"dtype\s+{choice['dtype']} \(auto: ", shown), shown
 
 
 def test_shared_system_prompt_is_reused_and_counted(up: Up) -> None:

@@ -117,3 +117,18 @@ def test_sglang_passes_dtype_only_when_asked() -> None:
     assert _launch_dtype(SglangEngine(EngineConfig(**cfg))) is None
     assert _launch_dtype(SglangEngine(EngineConfig(**cfg, dtype="bfloat16"))) == "bfloat16"
     assert SglangEngine(EngineConfig(**cfg)).dtype_choice().dtype == "auto"
+
+
+@pytest.mark.parametrize(("cores", "reserved"), [(1, "0"), (2, "0"), (4, None), (None, None)])
+def test_small_machines_reserve_no_core_and_wait_passively(
+    monkeypatch: pytest.MonkeyPatch, cores: int | None, reserved: str | None
+) -> None:
+    monkeypatch.setattr("kvscope.engines.vllm.os.cpu_count", lambda: cores)
+    env = dict(VllmEngine(EngineConfig()).launch().env)
+    assert env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == reserved
+    assert env.get("OMP_WAIT_POLICY") == (None if reserved is None else "PASSIVE")
+    # the config's own env wins, and a vLLM of the user's own gets none of it
+    mine = VllmEngine(EngineConfig(env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})).launch()
+    assert dict(mine.env)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    theirs = VllmEngine(EngineConfig(python="/opt/vllm/bin/python")).launch()
+    assert "OMP_WAIT_POLICY" not in dict(theirs.env)
