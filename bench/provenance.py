@@ -14,9 +14,9 @@ import resource
 import time
 from collections import OrderedDict
 
-from kvscope.analysis.divergence import with_divergence
-from kvscope.analysis.provenance import build_ledger, chain_key, provenance
-from kvscope.collect.kv_events import KvEvent
+from kvscope.finalize.divergence import with_divergence
+from kvscope.finalize.provenance import build_ledger, chain_key, provenance
+from kvscope.records.kv_events import KvBatch, KvEvent
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")
 BLOCK = 128
@@ -46,7 +46,7 @@ def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0):
                 removed = []
                 while len(cache) + len(new) > capacity_blocks and cache:
                     removed.append(cache.popitem(last=False)[0])
-                batch = {"seq": seq, "ts_ns": t + 5}
+                batch = KvBatch(seq=seq, ts_ns=t + 5)
                 if removed:
                     events.append((batch, KvEvent("removed", tuple(removed))))
                 if new:

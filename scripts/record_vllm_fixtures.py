@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from kvscope.collect.kv_events import receive, replay, subscriber
 from kvscope.config import EngineConfig
 from kvscope.engines import make_engine
+from kvscope.engines.kv_events import receive, replay, subscriber
 from kvscope.engines.runtime import running
 from kvscope.engines.vllm import VERSION
 

@@ -14,6 +14,8 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_FIXTURES = ROOT / "tests" / "fixtures" / "vllm-0.32.0"
+# Recorded outputs of SGLang 0.5.23's own code (their README says how they were produced).
+SGLANG_FIXTURES = ROOT / "tests" / "fixtures" / "sglang-0.5.23"
 
 
 def free_port(span: int = 1) -> int:

@@ -174,7 +174,7 @@ def parse_experiment(data: dict[str, Any], source: str = "config") -> Experiment
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_one_line(err)}") from None
+        raise ConfigError(f"{source}: {one_line(err)}") from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -195,15 +195,30 @@ def parse_engine(data: dict[str, Any], source: str = "config") -> EngineConfig:
     try:
         return EngineConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_one_line(err)}") from None
+        raise ConfigError(f"{source}: {one_line(err)}") from None
 
 
-def _one_line(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "engine"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
+def one_line(err: ValidationError, whole: str = "engine") -> str:
+    """A pydantic error as one line: `path.to.field: message; ...` (`whole`: the model itself)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in err.errors()
+    )
+
+
+def check_experiment(cfg: ExperimentConfig) -> None:
+    """What no single section can check: prompt lengths against the context, tokenizer access."""
+    w, e = cfg.workload, cfg.engine
+    if w.mode == "synthetic":
+        s = w.synthetic
+        # one call = chat template (14 tokens for SmolLM2; 32 leaves room) + fixed + dynamic
+        need = 32 + s.fixed_tokens + s.dynamic_tokens + s.output_tokens
+        if need > e.context_length:
+            raise ConfigError(
+                f"synthetic prompts need up to {need} tokens but engine.context_length is "
+                f"{e.context_length}; shorten the prompt lengths or raise context_length"
+            )
+    if e.kind == "attach" and w.mode == "synthetic":
+        raise ConfigError("synthetic mode needs the model's tokenizer: not available on attach")
 
 
 def config_hash(model: BaseModel) -> str:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from helpers import CAPACITY, Up
 
-from kvscope.collect.kv_events import receive, replay, subscriber
 from kvscope.engines.detect import fetch_metrics
+from kvscope.engines.kv_events import receive, replay, subscriber
 from kvscope.engines.vllm import VllmEngine
 
 pytestmark = pytest.mark.engine

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import KVSCOPE, ROOT, Up
 
-from kvscope.schema import COLUMNS
+from kvscope.records.requests import COLUMNS
 
 pytestmark = pytest.mark.engine
 AGENTS = ["planner", "executor", "expresser", "reviewer"]

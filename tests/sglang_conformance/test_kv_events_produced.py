@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from sglang_producer import SglangProducer
 
-from kvscope.collect import kv_events
-from kvscope.collect.kv_events import KvEvent
+from kvscope.collect.kv_events import KvEventListener
+from kvscope.engines import kv_events
 from kvscope.engines.sglang import SglangEngine
+from kvscope.records.kv_events import KvEvent, events_of, read_batches
 
 pytestmark = pytest.mark.sglang
 
@@ -108,7 +109,7 @@ def test_listener_gaps_and_replay(
     ep = engine.endpoints()
     assert ep.kv_events is not None and ep.kv_events_replay is not None
     path = tmp_path / "kv_events.jsonl"
-    listener = kv_events.KvEventListener(
+    listener = KvEventListener(
         ep.kv_events, path, bind=ep.kv_events_subscriber_binds, replay_endpoint=ep.kv_events_replay
     )
     b = workload(engine)
@@ -132,14 +133,14 @@ def test_listener_gaps_and_replay(
     assert summary.batches == 5 and summary.undecodable == 0
     assert summary.events == sum(len(events) for events in b)
 
-    rows, torn = kv_events.read_batches(path)
+    rows, torn = read_batches(path)
     assert torn == 0
-    assert [r["seq"] for r in rows] == seqs
+    assert [r.seq for r in rows] == seqs
     sources = ["live", "replay", "live", "live", "live"]
-    assert {r["seq"]: r["source"] for r in rows} == dict(zip(seqs, sources, strict=True))
+    assert {r.seq: r.source for r in rows} == dict(zip(seqs, sources, strict=True))
     for row, reply in zip(rows, sent, strict=True):
-        assert row["ts_ns"] == round(reply["ts"] * 1e9)
-    decoded = [event for _, event in kv_events.events_of(rows)]
+        assert row.ts_ns == round(reply["ts"] * 1e9)
+    decoded = [event for _, event in events_of(rows)]
     assert decoded == [expected(e) for events in b for e in events]
 
 

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pytest
 from test_analysis_rq_data import request, table
 
-from kvscope.analysis.turns import agent_summary, agent_turns, conform
+from kvscope.analysis.turns import agent_summary, agent_turns
+from kvscope.records.requests import RequestRecord
 
 
 def design_note_runs() -> pa.Table:
@@ -89,7 +90,7 @@ def test_empty_table_and_older_runs_without_new_columns() -> None:
     assert agent_turns(table()).num_rows == 0
     assert agent_summary(table()).num_rows == 0
     old = design_note_runs().drop_columns(["cached_self_tokens", "max_reusable_tokens"])
-    added = conform(old)
+    added = RequestRecord.conform(old)
     assert added.column_names[-2:] == ["max_reusable_tokens", "cached_self_tokens"]
     assert added["cached_self_tokens"].null_count == old.num_rows
     assert agent_turns(old).num_rows == 5

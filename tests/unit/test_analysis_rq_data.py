@@ -4,8 +4,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.schema import ARROW_SCHEMA, COLUMNS
-from kvscope.store import to_table
+from kvscope.records.requests import ARROW_SCHEMA, COLUMNS, to_table
 
 MS = 1_000_000  # ns per ms
 

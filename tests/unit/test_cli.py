@@ -109,3 +109,22 @@ def test_run_config_errors_come_before_any_engine(
     assert fragment in line
     # nothing was started: the engine is not even installed in these directories
     assert "not installed" not in line
+
+
+def test_status_shows_the_dtype_and_the_capabilities(capsys: pytest.CaptureFixture[str]) -> None:
+    """`engine up` / `status` of a launched engine: its dtype line does not hide the rest."""
+    from kvscope.cli.engine import _show
+    from kvscope.config import EngineConfig
+    from kvscope.engines import make_engine
+    from kvscope.engines.base import Capabilities, Endpoints
+    from kvscope.engines.state import EngineState
+
+    dtype = {"dtype": "float32", "reason": "no native bf16", "isa_flags": ["avx2"],
+             "isa_caps": {"VLLM_CPU_ISA": "avx2"}}  # fmt: skip
+    ep = Endpoints("http://127.0.0.1:1", None, None)
+    st = EngineState("vllm", None, (), ep, None, None, dtype=dtype)
+    caps = Capabilities("vllm", ("smollm2",), True, True, True, 4096)
+    _show(make_engine(EngineConfig()), st, caps, healthy=True)
+    out = capsys.readouterr().out
+    assert "float32 (no native bf16; CPU flags: avx2, VLLM_CPU_ISA=avx2)" in out
+    assert "smollm2" in out and "4,096 tokens" in out

@@ -1,6 +1,6 @@
 """The /metrics scraper and the engines' metric maps: recorded scrapes and a stand-in server.
 
-The stand-in serves recorded engine text (tests/fixtures, ../shared/fixtures), so what is parsed
+The stand-in serves recorded engine text (tests/fixtures), so what is parsed
 is the engines' real format; only the failures (500, refused, garbage) are made up here.
 """
 
@@ -17,18 +17,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import VLLM_FIXTURES, free_port
+from helpers import SGLANG_FIXTURES, VLLM_FIXTURES, free_port
 
 from kvscope.collect import metrics
-from kvscope.collect.metrics import SCHEMA, Sampler, instant_series
+from kvscope.collect.metrics import Sampler
 from kvscope.collect.series import counter_delta, nearest
 from kvscope.engines.base import COUNTERS, INSTANT_VALUES, LATENCIES, Engine
 from kvscope.engines.detect import parse_metrics
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
+from kvscope.records.metrics import SCHEMA, instant_series
 
-REPO = Path(__file__).resolve().parents[2]
-SGLANG_FIXTURES = REPO.parent / "shared" / "fixtures" / "sglang-0.5.23"
 SGLANG_SCRAPES = [
     "metrics_tokenizer_and_scheduler.prom",
     "metrics_tokenizer_and_scheduler.later.prom",
@@ -61,8 +60,6 @@ def with_value(text: str, name: str, value: float) -> str:
 
 @pytest.fixture(scope="module")
 def sglang_dir() -> Path:
-    if not SGLANG_FIXTURES.is_dir():
-        pytest.skip(f"SGLang fixtures not found at {SGLANG_FIXTURES} (shared/ beside the repo)")
     return SGLANG_FIXTURES
 
 

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import VLLM_FIXTURES, free_port
 
-from kvscope.collect.metrics import SCHEMA, instant_series
 from kvscope.collect.scraper import MetricsScraper
 from kvscope.engines.vllm import VllmEngine
+from kvscope.records.metrics import SCHEMA, instant_series
 
 
 @pytest.fixture(scope="module")

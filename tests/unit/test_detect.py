@@ -10,10 +10,10 @@ import pytest
 import zmq
 from helpers import VLLM_FIXTURES, free_port, recorded_frames, restamped
 
-from kvscope.collect.kv_events import decode
 from kvscope.engines import METRIC_FAMILIES
 from kvscope.engines.base import Endpoints
 from kvscope.engines.detect import detect
+from kvscope.engines.kv_events import decode
 from kvscope.errors import EngineError
 
 

@@ -8,6 +8,7 @@ in, [identity, b"", topic, seq, payload]... out, then seq -1).
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,14 +16,9 @@ import pytest
 import zmq
 from helpers import free_port, recorded_frames, restamped
 
-from kvscope.collect.kv_events import (
-    KvEventListener,
-    decode,
-    holes,
-    read_batches,
-    signed64,
-    to_table,
-)
+from kvscope.collect.kv_events import KvEventListener
+from kvscope.engines.kv_events import decode, signed64
+from kvscope.records.kv_events import KvBatch, events_table, holes, read_batches
 
 FRAMES = recorded_frames()
 SEQS = [decode(f).seq for f in FRAMES]
@@ -95,9 +91,9 @@ def test_every_batch_is_written_in_order(pub, tmp_path: Path) -> None:
     summary = listener.stop()
     assert (summary.live, summary.lost, summary.gaps) == (len(FRAMES), 0, ())
     rows, bad = read_batches(tmp_path / "kv.jsonl")
-    assert bad == 0 and [r["seq"] for r in rows] == SEQS
+    assert bad == 0 and [r.seq for r in rows] == SEQS
     first = decode(FRAMES[0]).events[0]
-    assert rows[0]["events"][0]["block_hashes"] == list(first.block_hashes)
+    assert rows[0].events[0].block_hashes == first.block_hashes
 
 
 def test_dropped_batches_are_reported(pub, tmp_path: Path) -> None:
@@ -126,16 +122,15 @@ def test_replay_fills_gaps_and_marks_them(pub, tmp_path: Path) -> None:
     assert summary.lost == 0 and summary.recovered == 2
     assert {(g.first_seq, g.recovered) for g in summary.gaps} == {(3, 1), (0, 1)}
     rows, _ = read_batches(tmp_path / "kv.jsonl")
-    assert [r["seq"] for r in rows] == SEQS
-    assert [r["seq"] for r in rows if r["source"] == "replay"] == [0, 3]
+    assert [r.seq for r in rows] == SEQS
+    assert [r.seq for r in rows if r.source == "replay"] == [0, 3]
     assert holes(rows) == (0, 2)
 
 
 def test_events_table_has_one_row_per_block(tmp_path: Path) -> None:
-    rows = [{"seq": b.seq, "ts_ns": b.ts_ns, "received_ns": 0, "source": "live",
-             "events": [e.to_dict() for e in b.events]}
-            for b in map(decode, FRAMES)]  # fmt: skip
-    table = to_table(rows)
+    # as the listener writes them and read_batches reads them back
+    rows = [KvBatch.from_dict(replace(decode(f), received_ns=0).to_dict()) for f in FRAMES]
+    table = events_table(rows)
     events = [e for f in FRAMES for e in decode(f).events]
     blocks = sum(len(e.block_hashes) for e in events) + sum(e.kind == "cleared" for e in events)
     assert table.num_rows == blocks

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from kvscope.analysis.agents import per_agent, percentile, recompute_burden, weighted_hit_ratio
-from kvscope.schema import derived_cache
+from kvscope.records.requests import derived_cache
 
 
 def row(agent: str, prompt: int | None, cached: int | None, **extra: Any) -> dict[str, Any]:

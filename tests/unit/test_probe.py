@@ -15,8 +15,8 @@ from kvscope.config import EngineConfig
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.probe.client import Probe, RunInfo
-from kvscope.schema import COLUMNS, RequestRecord
-from kvscope.workload.runtime import CallIds, PromptInfo
+from kvscope.records.requests import COLUMNS, RequestRecord
+from kvscope.workload.runtime import CallIds, LlmCall, PromptInfo
 
 SSE = (VLLM_FIXTURES / "chat_completion_stream.sse").read_text()
 IDS = CallIds("bench-1", "t-1", "wf-1", 2, "executor", "planner", "executor")
@@ -74,10 +74,8 @@ def call(base: str, engine: Any = None, timeout_s: float = 10) -> tuple[list, Re
     async def go() -> tuple[RequestRecord, str | None]:
         probe = Probe(engine, base, RUN, timeout_s=timeout_s, sink=rows.append)
         try:
-            return await probe.call(
-                [{"role": "user", "content": "hi"}], IDS, "req-1", max_tokens=8, prompt=PROMPT,
-                tool_ms=1.5,
-            )  # fmt: skip
+            hi = [{"role": "user", "content": "hi"}]
+            return await probe.call(LlmCall(hi, IDS, 8, PROMPT, tool_ms=1.5), "req-1")
         finally:
             await probe.close()
 

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from kvscope.analysis.divergence import with_divergence
-from kvscope.collect.metrics import instant_series_jsonl
-from kvscope.probe.tokens import ChatTokenizer, PrefixIndex, common_prefix, token_hash
+from kvscope.finalize.divergence import with_divergence
+from kvscope.probe.tokens import ChatTokenizer, token_hash
+from kvscope.records.metrics import instant_series_jsonl
+from kvscope.records.tokens import PrefixIndex, common_prefix
 
 # SmolLM2-135M-Instruct's chat template, as the model folder ships it.
 TEMPLATE = (

@@ -5,15 +5,14 @@ reuses S, and the step that stores B's block evicts `a`; planner C (next cycle) 
 recomputes `a`. Workflow w2: planner D puts its own block before S (a layout that hides S).
 """
 
-from typing import Any
-
 import pyarrow as pa
 import pytest
 
 from kvscope.analysis import evictions
-from kvscope.analysis.provenance import build_ledger, by_agent, provenance
-from kvscope.collect.kv_events import KvEvent
-from kvscope.finalize import BLOCKS_SCHEMA
+from kvscope.analysis.provenance import by_agent
+from kvscope.finalize.provenance import build_ledger, provenance
+from kvscope.records.blocks import BLOCKS_SCHEMA
+from kvscope.records.kv_events import KvBatch, KvEvent
 
 S = list(range(100, 108))
 a, b, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
@@ -45,8 +44,8 @@ def stored(hashes: list[int], parent: int | None, tokens: list[int], session: st
     return KvEvent("stored", tuple(hashes), parent, tuple(tokens), 4, "GPU", session)
 
 
-def batch(seq: int, ts: int) -> dict[str, Any]:
-    return {"seq": seq, "ts_ns": ts}
+def batch(seq: int, ts: int) -> KvBatch:
+    return KvBatch(seq=seq, ts_ns=ts)
 
 
 EVENTS = [

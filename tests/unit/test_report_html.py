@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from test_analysis_rq_data import MS, request
 
-from kvscope import store
-from kvscope.report.html import NULL, compare_report, load_run, run_report, run_sections
+from kvscope.analysis.run import analyze_run
+from kvscope.records import requests
+from kvscope.records.run_dir import RUN_JSON
+from kvscope.report.pages import compare_report, run_report
+from kvscope.report.run_sections import run_sections
+from kvscope.report.table import NULL
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")
 
@@ -66,15 +71,13 @@ def make_run(
 ) -> Path:
     path.mkdir(parents=True)
     rows = rows or workflow_rows("w0", HITS_W0) + workflow_rows("w1", HITS_W1, t0=10_000)
-    store.write_requests(path, rows)
+    requests.write_table(path, rows)
     config: dict[str, Any] = {
         "engine": {"kind": "vllm", "kv_capacity_tokens": capacity},
         "workload": {"workflows": 2, "concurrency": 1, "layout": "shared-first"},
         "tracking": {"tracking_uri": None, "experiment": "x"},
     }
-    (path / store.RUN_JSON).write_text(
-        json.dumps({"benchmark_run_id": path.name, "config": config})
-    )
+    (path / RUN_JSON).write_text(json.dumps({"benchmark_run_id": path.name, "config": config}))
     if blocks is not None:
         pq.write_table(blocks, path / "blocks.parquet")
     return path
@@ -111,7 +114,7 @@ def test_run_report_sections_numbers_and_missing_data(tmp_path: Path) -> None:
 
 
 def test_sections_skip_empty_views(tmp_path: Path) -> None:
-    data = load_run(make_run(tmp_path / "run-a"))
+    data = analyze_run(make_run(tmp_path / "run-a"))
     sections = {s.key: s for s in run_sections(data)}
     # every workflow ran each agent once, turn 1: no turn-to-turn plot, a sentence instead
     assert sections["turns"].image is None and "Only one turn" in sections["turns"].missing
@@ -141,7 +144,7 @@ def test_sections_skip_empty_views(tmp_path: Path) -> None:
 def test_null_values_show_as_not_measured(tmp_path: Path) -> None:
     rows = workflow_rows("w0", HITS_W0)
     rows[1]["cached_tokens"] = None  # the executor's only call: not measured
-    data = load_run(make_run(tmp_path / "run-n", rows=rows))
+    data = analyze_run(make_run(tmp_path / "run-n", rows=rows))
     table = next(s for s in run_sections(data) if s.key == "agents").tables[0]
     executor = next(r for r in table.rows if r[0] == "executor")
     assert executor[table.headers.index("weighted hit")] == NULL
@@ -165,7 +168,7 @@ def blocks_table() -> pa.Table:
 
 
 def test_eviction_heatmap_from_blocks(tmp_path: Path) -> None:
-    data = load_run(make_run(tmp_path / "run-b", blocks=blocks_table()))
+    data = analyze_run(make_run(tmp_path / "run-b", blocks=blocks_table()))
     section = next(s for s in run_sections(data) if s.key == "evictions")
     assert section.image is not None
     (view,) = section.tables
@@ -215,18 +218,16 @@ def test_not_a_run_directory(tmp_path: Path) -> None:
 
 
 def test_sweep_groups_name_what_else_differs(tmp_path: Path) -> None:
-    from kvscope.report.html import sweep_groups
+    from kvscope.report.compare_sections import sweep_groups
 
-    runs = [load_run(make_run(tmp_path / n)) for n in ("a", "b", "c")]
+    runs = [analyze_run(make_run(tmp_path / n)) for n in ("a", "b", "c")]
     assert sweep_groups(runs) == [None, None, None]
     configs = [
         {"workload": {"layout": "shared-first", "sharing": "documents"}},
         {"workload": {"layout": "role-first", "sharing": "documents"}},
         {"workload": {"layout": "shared-first"}},  # an older run: no sharing setting recorded
     ]
-    for run, config in zip(runs, configs, strict=True):
-        run.config.clear()
-        run.config.update(config)
+    runs = [replace(run, run={"config": config}) for run, config in zip(runs, configs, strict=True)]
     assert sweep_groups(runs) == ["layout=shared-first", "layout=role-first", "layout=shared-first"]
 
 
@@ -253,7 +254,7 @@ def test_provenance_section(tmp_path: Path) -> None:
 def test_rq6_says_where_the_call_overhead_sits(tmp_path: Path) -> None:
     from test_time_split import histogram
 
-    from kvscope.collect.metrics import SCHEMA
+    from kvscope.records.metrics import SCHEMA
 
     run = make_run(tmp_path / "run-t")
     # 8 calls, TTFT 3,500 ms by the client (100 ms + prompt / 10 each); the engine: 3.2 s

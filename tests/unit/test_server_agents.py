@@ -4,14 +4,13 @@ import json
 import re
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, SGLANG_FIXTURES
 
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.engines.detect import parse_metrics
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "sglang-0.5.23"
 SCRAPES = ("metrics_tokenizer_and_scheduler.prom", "metrics_tokenizer_and_scheduler.later.prom")
 
 
@@ -35,9 +34,7 @@ def agent_total(text: str, sample: str, agent: str) -> float:
 
 
 def test_sglang_agent_labels_over_the_run() -> None:
-    if not FIXTURES.exists():
-        pytest.skip(f"SGLang fixtures not found at {FIXTURES}")
-    before, after = [(FIXTURES / name).read_text() for name in SCRAPES]
+    before, after = [(SGLANG_FIXTURES / name).read_text() for name in SCRAPES]
     view = per_agent_server(series_rows(SglangEngine, [before, after]))
     assert set(view) == {"planner", "executor", "expresser", "reviewer"}
     for agent, got in view.items():

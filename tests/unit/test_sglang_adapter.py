@@ -1,6 +1,6 @@
 """The SGLang adapter against SGLang 0.5.23's recorded outputs (no SGLang, no GPU needed).
 
-The fixtures (shared/fixtures/sglang-0.5.23, beside the repo) were produced by SGLang's own code;
+The fixtures (tests/fixtures/sglang-0.5.23) were produced by SGLang's own code;
 their README says how. SGLang's real parser runs on kvscope's flags in tests/sglang_conformance
 (opt-in).
 """
@@ -19,16 +19,15 @@ from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import pytest
+from helpers import SGLANG_FIXTURES
 
-from kvscope.collect.kv_events import decode, signed64
 from kvscope.config import EngineConfig, EvictionPolicy
 from kvscope.engines.detect import parse_metrics, reports_cached_tokens
+from kvscope.engines.kv_events import decode, signed64
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sglang-0.5.23"
 METRICS_FILES = [
     "metrics_tokenizer_and_scheduler.prom",
     "metrics_tokenizer_and_scheduler.later.prom",
@@ -40,9 +39,7 @@ RUN_CAPACITY, RUN_PAGE_SIZE = 4096, 16
 
 @pytest.fixture(scope="module")
 def fixtures() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"SGLang 0.5.23 fixtures not found at {FIXTURES} (shared/ beside the repo)")
-    return FIXTURES
+    return SGLANG_FIXTURES
 
 
 # --- launch flags against SGLang's own --help --------------------------------------------------

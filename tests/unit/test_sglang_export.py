@@ -5,19 +5,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import SGLANG_FIXTURES
 
 from kvscope.config import EngineConfig
 from kvscope.engines.sglang import SglangEngine, export_line_timings
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "sglang-0.5.23"
-EXPORT = FIXTURES / "request_metrics_export.log"
+EXPORT = SGLANG_FIXTURES / "request_metrics_export.log"
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> SglangEngine:
-    if not EXPORT.exists():
-        pytest.skip(f"SGLang 0.5.23 fixtures not found at {FIXTURES} (shared/ beside the repo)")
     folder = tmp_path / "request_metrics"
     folder.mkdir()
     shutil.copy(EXPORT, folder / "sglang-request-metrics-20261121_09.log")
@@ -28,7 +25,7 @@ def engine(tmp_path: Path) -> SglangEngine:
 
 def test_every_workload_request_is_joined_by_rid(engine: SglangEngine) -> None:
     timings = engine.exported_timings()
-    index = json.loads((FIXTURES / "requests_index.json").read_text())
+    index = json.loads((SGLANG_FIXTURES / "requests_index.json").read_text())
     workload = {r["rid"] for r in index["requests"] if r["phase"] == "workload"}
     assert set(timings) == workload  # the 24 workload requests, each by the rid kvscope sent
     assert len(timings) == 24

@@ -201,9 +201,11 @@ class Fakes:
             run_dir=run_dir,
             mlflow_run_id="m-" + cfg.name,
             error="ReadTimeout: slow" if cfg.name in self.partial else None,
-            workflows=[SimpleNamespace(ok=True), SimpleNamespace(ok=False)],
-            agents=[SimpleNamespace(agent_id="planner", weighted_hit_ratio=0.5)],
-            total=SimpleNamespace(weighted_hit_ratio=0.25),
+            workload=SimpleNamespace(workflows=2, failed=1),
+            analysis=SimpleNamespace(
+                agents=[SimpleNamespace(agent_id="planner", weighted_hit_ratio=0.5)],
+                total=SimpleNamespace(weighted_hit_ratio=0.25),
+            ),
         )
 
     def run(self, sw: Sweep, out: Path) -> sweep_mod.SweepRecord:
@@ -319,7 +321,7 @@ def test_group_engine_is_reused_by_the_runs_and_stopped_after(
         endpoints = Endpoints("http://127.0.0.1:8200", None, None)
         return RunningEngine(engine, endpoints, None, proc, 1.0)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep_mod, "start", fake_start)
+    monkeypatch.setattr(sweep_mod.runner, "start", fake_start)
     with group_engine(cfg, isolated_dirs / "e.log"):
         assert reusable(make_engine(cfg)) is not None  # what run_experiment's running() checks
         other = cfg.model_copy(update={"kv_capacity_tokens": 4096})
@@ -338,7 +340,7 @@ def test_group_engine_stops_the_engine_on_ctrl_c(
 ) -> None:
     proc = FakeProcess()
     monkeypatch.setattr(
-        sweep_mod, "start",
+        sweep_mod.runner, "start",
         lambda e, log, **_: RunningEngine(e, Endpoints("http://x", None, None), None, proc, 1.0),  # type: ignore[arg-type]
     )  # fmt: skip
     with pytest.raises(KeyboardInterrupt), group_engine(EngineConfig(), isolated_dirs / "e.log"):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvscope.analysis.time_split import as_dict, histogram_sums, time_split
+from kvscope.analysis.time_split import histogram_sums, time_split
 
 LABELS = [{"engine": "0", "model_name": "m"}, {"engine": "1", "model_name": "m"}]
 
@@ -68,7 +68,7 @@ def test_sums_split_into_client_front_end_and_core() -> None:
     assert e2e.engine_ms == pytest.approx(1750)
     assert e2e.client_side_ms == pytest.approx(50)
     assert e2e.front_end_ms == pytest.approx(424)
-    d = as_dict(ttft)
+    d = ttft.to_dict()
     assert d["client_side_ms"] == pytest.approx(50) and d["matched"] is True
 
 

@@ -31,7 +31,7 @@ from kvscope.probe.tracing import (
     token_usage,
     trace_complete,
 )
-from kvscope.schema import STATUS_ERROR, STATUS_OK, RequestRecord, derived_cache
+from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord, derived_cache
 from kvscope.workload.runtime import CallIds
 
 BENCH = "bench-1"

@@ -11,10 +11,10 @@ import pytest
 
 from kvscope.config import SyntheticConfig, WorkloadConfig
 from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_ERROR, STATUS_OK
-from kvscope.workload.peer import WorkflowResult, assign_tasks, run_workflows
+from kvscope.records.requests import STATUS_ERROR, STATUS_OK
+from kvscope.workload.driver import WorkflowResult, assign_tasks, run_workflows
 from kvscope.workload.prompts import TEMPLATE_VERSION
-from kvscope.workload.runtime import CallIds, LlmReply, PromptInfo
+from kvscope.workload.runtime import CallIds, LlmCall, LlmReply, PromptInfo
 from kvscope.workload.taskset import load_tasks
 from kvscope.workload.tools import calculate
 
@@ -78,21 +78,12 @@ class FakeRuntime:
     _agent: ContextVar[CallIds | None] = field(default_factory=lambda: ContextVar("agent"))
     _tools: ContextVar[list[str] | None] = field(default_factory=lambda: ContextVar("tools"))
 
-    async def llm(
-        self,
-        messages: list[dict[str, str]],
-        ids: CallIds,
-        *,
-        max_tokens: int,
-        prompt: PromptInfo,
-        tool_ms: float | None = None,
-        ignore_eos: bool = False,
-    ) -> LlmReply:
+    async def llm(self, call: LlmCall) -> LlmReply:
+        ids = call.ids
         assert self._agent.get(None) == ids, "llm called outside its own agent span"
         tools_before = list(self._tools.get(None) or [])
-        self.calls.append(
-            Call(ids, messages, max_tokens, prompt, tool_ms, ignore_eos, tools_before)
-        )
+        self.calls.append(Call(ids, call.messages, call.max_tokens, call.prompt, call.tool_ms,
+                               call.ignore_eos, tools_before))  # fmt: skip
         await asyncio.sleep(self.delay_s)
         request_uuid = str(uuid.uuid4())
         if self.fail(ids):

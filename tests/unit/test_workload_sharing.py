@@ -14,11 +14,11 @@ from helpers import ROOT
 
 from kvscope.config import WorkloadConfig, load_yaml, parse_experiment
 from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
-from kvscope.workload.peer import assign_tasks, run_workflows
+from kvscope.workload.driver import assign_tasks, run_workflows
 from kvscope.workload.prompts import AGENTS, StateView
-from kvscope.workload.runtime import CallIds, LlmReply, PromptInfo
+from kvscope.workload.runtime import CallIds, LlmCall, LlmReply, PromptInfo
 from kvscope.workload.taskset import load_tasks
 from kvscope.workload.tools import calculate, format_hits, lookup
 
@@ -57,18 +57,9 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[CallIds, list[dict[str, str]], PromptInfo]] = []
 
-    async def llm(
-        self,
-        messages: list[dict[str, str]],
-        ids: CallIds,
-        *,
-        max_tokens: int,
-        prompt: PromptInfo,
-        tool_ms: float | None = None,
-        ignore_eos: bool = False,
-    ) -> LlmReply:
-        self.calls.append((ids, messages, prompt))
-        return LlmReply(str(uuid.uuid4()), REPLIES[ids.agent_id], STATUS_OK, None)
+    async def llm(self, call: LlmCall) -> LlmReply:
+        self.calls.append((call.ids, call.messages, call.prompt))
+        return LlmReply(str(uuid.uuid4()), REPLIES[call.ids.agent_id], STATUS_OK, None)
 
     @contextmanager
     def workflow_span(self, *_: str) -> Iterator[None]:

@@ -2,12 +2,18 @@
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvscope.schema import STATUS_OK
+import pyarrow as pa
 
-AGENT_ORDER = ("planner", "executor", "expresser", "reviewer")
+from kvscope.records.requests import STATUS_OK
+from kvscope.workload.prompts import AGENTS as AGENT_ORDER  # the PEER graph's agents, in order
+
+
+def agent_key(agent: str) -> tuple[int, str]:
+    """Sort key: PEER order first, then other agents by name (SQL: turns.agent_order)."""
+    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
 
 
 def weighted_hit_ratio(rows: Iterable[dict[str, Any]]) -> float | None:
@@ -56,7 +62,7 @@ class AgentSummary:
 
 def per_agent(rows: Sequence[dict[str, Any]]) -> list[AgentSummary]:
     """One summary per agent (PEER order first), over its successful calls."""
-    agents = sorted({r["agent_id"] for r in rows}, key=_agent_key)
+    agents = sorted({r["agent_id"] for r in rows}, key=agent_key)
     return [_summary(a, [r for r in rows if r["agent_id"] == a]) for a in agents]
 
 
@@ -93,5 +99,8 @@ def _known(row: dict[str, Any]) -> bool:
     return row.get("cached_tokens") is not None and row.get("prompt_tokens") is not None
 
 
-def _agent_key(agent: str) -> tuple[int, str]:
-    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
+def as_table(summaries: Sequence[AgentSummary]) -> pa.Table:
+    """The summaries as an Arrow table (AgentSummary's fields as columns)."""
+    if summaries:
+        return pa.Table.from_pylist([asdict(s) for s in summaries])
+    return pa.table({"agent_id": pa.array([], pa.string()), "calls": pa.array([], pa.int64())})

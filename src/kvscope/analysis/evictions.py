@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import AGENT_ORDER, percentile
+from kvscope.analysis.agents import agent_key, percentile
 from kvscope.analysis.turns import agent_order, query
 
 UNKNOWN = "unknown"
@@ -36,22 +36,23 @@ class Residency:
 
 
 def _evicted(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [b for b in blocks if b["removal"] == "evicted"]
+    """Blocks removed by an eviction (a removal of unknown cause, in older tables, counts)."""
+    return [b for b in blocks if b["removed_ns"] is not None and b["removal"] in ("evicted", None)]
 
 
 def matrix(blocks: pa.Table) -> pa.Table:
     """Who evicted whom: evictor agent x victim agent over a run's block table (blocks.parquet).
 
-    A block counts as evicted when it was removed (removed_ns not null; where the table has a
-    `removal` column, only removal = 'evicted'). The victim is the agent that stored the block
-    (owner_agent_id); an agent that is not known is "unknown".
+    A block counts as evicted when it was removed (removed_ns not null) by an eviction
+    (removal = 'evicted'; a removal of unknown cause, null in older tables, counts). The
+    victim is the agent that stored the block (owner_agent_id); an agent that is not known is
+    "unknown".
     Columns: evictor_agent_id, victim_agent_id, evictions, same_workflow (evictions where
     evictor and owner were the same workflow run), harmful (evicted blocks a later call needed
     and recomputed), recomputed_tokens (sum over the harmful blocks; null when no block of the
     pair has it measured),
     residency_ms_p50 (how long the evicted blocks had lived).
     """
-    removal = "AND removal = 'evicted'" if "removal" in blocks.column_names else ""
     sql = f"""
     SELECT * FROM (
     SELECT coalesce(evictor_agent_id, 'unknown') AS evictor_agent_id,
@@ -64,7 +65,7 @@ def matrix(blocks: pa.Table) -> pa.Table:
       END AS recomputed_tokens,
       quantile_cont(residency_ms, 0.5) AS residency_ms_p50
     FROM blocks
-    WHERE removed_ns IS NOT NULL {removal}
+    WHERE removed_ns IS NOT NULL AND coalesce(removal, 'evicted') = 'evicted'
     GROUP BY ALL
     ) ORDER BY {agent_order("evictor_agent_id")}, {agent_order("victim_agent_id")}
     """
@@ -84,7 +85,7 @@ def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
 
 def residency(blocks: Sequence[dict[str, Any]]) -> list[Residency]:
     """How long each agent's blocks stayed in the cache before they were removed."""
-    agents = sorted({b["owner_agent_id"] or UNKNOWN for b in blocks}, key=rank)
+    agents = sorted({b["owner_agent_id"] or UNKNOWN for b in blocks}, key=agent_key)
     out = []
     for a in agents:
         mine = [b for b in blocks if (b["owner_agent_id"] or UNKNOWN) == a]
@@ -112,7 +113,3 @@ def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float]:
             key = f"harm.{pair}.recomputed_tokens"
             out[key] = out.get(key, 0.0) + (b["recomputed_tokens"] or 0)
     return out
-
-
-def rank(agent: str) -> tuple[int, str]:
-    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)

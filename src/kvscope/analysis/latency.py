@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kvscope.analysis.turns import BASE, agent_order, nonneg, query
-from kvscope.schema import STATUS_OK
+from kvscope.analysis.turns import BASE, BURDEN, HIT_RATIO, agent_order, nonneg, query
+from kvscope.records.requests import STATUS_OK
 
 LOW_HIT = 0.5  # an agent below this weighted hit ratio ...
 SMALL_SHARE = 0.15  # ... with less than this share of workflow time is flagged as cheap to ignore
@@ -156,9 +156,8 @@ def _sums(group: str) -> str:
 {parts},
   count(cache_miss_ms) AS cache_miss_calls,
   {path} AS path_ms,
-  sum(cached_tokens) FILTER (WHERE measured)
-    / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS weighted_hit_ratio,
-  CAST(sum(new_prefill) AS BIGINT) AS recompute_burden
+  {HIT_RATIO} AS weighted_hit_ratio,
+  CAST({BURDEN} AS BIGINT) AS recompute_burden
 """
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, agent_key, agent_order, query
+from kvscope.analysis.agents import agent_key, weighted_hit_ratio
+from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, agent_order, query
 
 ALL = "all"
 SHARING_ORDER = ("none", "system", "task", "documents", "branch")
@@ -183,7 +184,7 @@ def _first_loss(
     ref_at = points[0]
     candidates = []
     for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
-        ratio = _pooled([r for r in rows if r["agent_id"] == agent], axis)
+        ratio = pooled([r for r in rows if r["agent_id"] == agent], axis)
         ref = ratio.get(ref_at)
         if not ref:
             continue
@@ -197,14 +198,14 @@ def _first_loss(
     return agent, axis, at, ref_at, ref, got
 
 
-def _pooled(rows: list[dict[str, Any]], axis: str) -> dict[int, float]:
-    """Weighted hit ratio per point of the axis over all the rows (runs) at that point."""
-    sums: dict[int, list[int]] = {}
-    for r in rows:
-        acc = sums.setdefault(r[axis], [0, 0])
-        acc[0] += r["cached_tokens"]
-        acc[1] += r["prompt_tokens"]
-    return {at: cached / prompt for at, (cached, prompt) in sums.items() if prompt}
+def pooled(rows: Sequence[dict[str, Any]], axis: str) -> dict[Any, float]:
+    """Weighted hit ratio per point of the axis, pooled over all the rows (runs) at that point."""
+    out = {}
+    for at in {r[axis] for r in rows}:
+        ratio = weighted_hit_ratio(r for r in rows if r[axis] == at)
+        if ratio is not None:
+            out[at] = ratio
+    return out
 
 
 def sharing_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:

@@ -6,7 +6,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvscope.collect.series import series_deltas
+from kvscope.collect.series import histogram_part, series_deltas
+from kvscope.engines.sglang import AGENT_LABEL
 
 COUNTERS = {"prompt_tokens_total": "prompt_tokens", "cached_tokens_total": "cached_tokens"}
 LATENCIES = {"ttft_seconds": "ttft_mean_ms", "e2e_seconds": "e2e_mean_ms"}
@@ -16,9 +17,7 @@ def _part(row: Mapping[str, Any]) -> str | None:
     name, metric = row.get("kvscope_name"), row["metric_name"]
     if name in COUNTERS:
         return "total"
-    if name in LATENCIES and metric.endswith(("_sum", "_count")):
-        return metric.rsplit("_", 1)[1]  # Prometheus histogram parts
-    return None
+    return histogram_part(metric) if name in LATENCIES else None
 
 
 def per_agent_server(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -31,7 +30,7 @@ def per_agent_server(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, floa
 
     deltas: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     for (name, part, labels), delta in series_deltas(rows, key).items():
-        agent = json.loads(labels).get("agent")
+        agent = json.loads(labels).get(AGENT_LABEL)
         if agent:
             deltas[agent][(name, part)] += delta
     out: dict[str, dict[str, float]] = {}

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvscope.collect.series import series_deltas
-from kvscope.schema import STATUS_OK
+from kvscope.collect.series import histogram_part, series_deltas
+from kvscope.records.requests import STATUS_OK
 
 # span -> (engine histogram, client column, the core's per-request parts)
 SPANS = {
@@ -52,15 +52,23 @@ class TimeSplit:
             return None
         return self.engine_ms - self.core_ms
 
+    def to_dict(self) -> dict[str, Any]:
+        """The split with its derived parts, for summary.json."""
+        return asdict(self) | {
+            "matched": self.matched,
+            "client_side_ms": self.client_side_ms,
+            "front_end_ms": self.front_end_ms,
+        }
+
 
 def histogram_sums(series: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
     """kvscope latency name -> (count, sum in ms) over the run, summed over label sets."""
 
     def key(row: Mapping[str, Any]) -> tuple[str, str, str] | None:
-        name, metric = row.get("kvscope_name"), row["metric_name"]
-        if name is None or not name.endswith("_seconds") or not metric.endswith(("_sum", "_count")):
+        name, part = row.get("kvscope_name"), histogram_part(row["metric_name"])
+        if name is None or not name.endswith("_seconds") or part is None:
             return None
-        return name, metric.rsplit("_", 1)[1], row["labels"]
+        return name, part, row["labels"]
 
     parts: dict[tuple[str, str], float] = {}
     for (name, part, _), delta in series_deltas(series, key).items():
@@ -98,12 +106,3 @@ def time_split(
             )
         )
     return out
-
-
-def as_dict(split: TimeSplit) -> dict[str, Any]:
-    """The split with its derived parts, for summary.json."""
-    return asdict(split) | {
-        "matched": split.matched,
-        "client_side_ms": split.client_side_ms,
-        "front_end_ms": split.front_end_ms,
-    }

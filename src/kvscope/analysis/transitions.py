@@ -30,10 +30,12 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
 
 import pyarrow as pa
 
+from kvscope.analysis.agents import agent_key
 from kvscope.analysis.turns import (
     BASE,
+    BURDEN,
     CACHE_AGGREGATES,
-    agent_key,
+    PROMPT,
     agent_order,
     nonneg,
     provenance_aggregates,
@@ -69,8 +71,7 @@ def transitions(requests: pa.Table) -> pa.Table:
       FROM chained WHERE same_end_ns IS NOT NULL
     )
     SELECT kind, from_agent, agent_id AS to_agent, {CACHE_AGGREGATES},
-      CAST(sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured) AS DOUBLE)
-        / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS miss_share,
+      CAST({BURDEN} AS DOUBLE) / nullif({PROMPT}, 0) AS miss_share,
       count(*) FILTER (WHERE measured AND cached_tokens = 0) AS miss_calls,
       CAST(sum(shared_prefix) FILTER (WHERE measured) AS BIGINT) AS shared_prefix_tokens,
       CAST(sum({nonneg("shared_prefix - cached_tokens")}) FILTER (WHERE measured) AS BIGINT)

@@ -1,7 +1,7 @@
 """RQ1: do agents behave differently, and how does that change across workflow turns?
 
-Every analysis in this package runs over the canonical request table (`kvscope.store.
-load_requests`) and follows the design note's definitions:
+Every analysis in this package runs over the canonical request table
+(`kvscope.records.requests.load_table`) and follows the design note's definitions:
 
 - a row counts in a cache ratio only if its call succeeded (status "ok") and both
   `prompt_tokens` and `cached_tokens` were measured ("measured" rows); a null is "not measured",
@@ -13,13 +13,11 @@ load_requests`) and follows the design note's definitions:
 This module also holds the small SQL helpers the other analyses share.
 """
 
-from dataclasses import asdict
-
 import duckdb
 import pyarrow as pa
 
-from kvscope.analysis.agents import AGENT_ORDER, per_agent
-from kvscope.schema import ARROW_SCHEMA, STATUS_OK
+from kvscope.analysis.agents import AGENT_ORDER, as_table, per_agent
+from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK, RequestRecord
 
 # The view every query starts from: the table plus a `measured` flag.
 BASE = f"""
@@ -28,30 +26,24 @@ SELECT *,
 FROM requests
 """
 
+# The design note's two cache numbers over a group of rows (of BASE), as SQL; the same
+# definitions as kvscope.analysis.agents.weighted_hit_ratio / recompute_burden.
+PROMPT = "sum(prompt_tokens) FILTER (WHERE measured)"
+BURDEN = "sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured)"
+HIT_RATIO = f"sum(cached_tokens) FILTER (WHERE measured) / nullif({PROMPT}, 0)"
+
 # calls, failed, measured, prompt_tokens, cached_tokens, weighted_hit_ratio, recompute_burden,
 # ttft_p50_ms: the cache aggregates of one group of rows (of BASE).
 CACHE_AGGREGATES = f"""
   count(*) AS calls,
   count(*) FILTER (WHERE status <> '{STATUS_OK}') AS failed,
   count(*) FILTER (WHERE measured) AS measured,
-  CAST(sum(prompt_tokens) FILTER (WHERE measured) AS BIGINT) AS prompt_tokens,
+  CAST({PROMPT} AS BIGINT) AS prompt_tokens,
   CAST(sum(cached_tokens) FILTER (WHERE measured) AS BIGINT) AS cached_tokens,
-  sum(cached_tokens) FILTER (WHERE measured)
-    / nullif(sum(prompt_tokens) FILTER (WHERE measured), 0) AS weighted_hit_ratio,
-  CAST(sum(greatest(prompt_tokens - cached_tokens, 0)) FILTER (WHERE measured) AS BIGINT)
-    AS recompute_burden,
+  {HIT_RATIO} AS weighted_hit_ratio,
+  CAST({BURDEN} AS BIGINT) AS recompute_burden,
   quantile_cont(ttft_ms, 0.5) FILTER (WHERE status = '{STATUS_OK}') AS ttft_p50_ms
 """
-
-PROVENANCE = (
-    "cached_self_tokens",
-    "cached_cross_agent_tokens",
-    "cached_cross_workflow_tokens",
-    "cached_unattributed_tokens",
-    "uncached_evicted_tokens",
-    "uncached_layout_tokens",
-    "uncached_cold_tokens",
-)
 
 
 def provenance_aggregates() -> str:
@@ -61,7 +53,7 @@ def provenance_aggregates() -> str:
     """
     sums = ",\n".join(
         f"  CAST(sum({c}) FILTER (WHERE status = '{STATUS_OK}') AS BIGINT) AS {c}"
-        for c in PROVENANCE
+        for c in PROVENANCE_COLUMNS
     )
     has = f"status = '{STATUS_OK}' AND cached_self_tokens IS NOT NULL"
     return f"  count(*) FILTER (WHERE {has}) AS provenance_calls,\n{sums}"
@@ -78,25 +70,12 @@ def agent_order(column: str = "agent_id") -> str:
     return f"CASE {column} {whens} ELSE {len(AGENT_ORDER)} END, {column}"
 
 
-def agent_key(agent: str) -> tuple[int, str]:
-    """Python sort key matching `agent_order`."""
-    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
-
-
-def conform(table: pa.Table) -> pa.Table:
-    """The table with every canonical column: ones an older run lacks are added as nulls."""
-    for field in ARROW_SCHEMA:
-        if field.name not in table.column_names:
-            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-    return table
-
-
 def query(sql: str, **tables: pa.Table) -> pa.Table:
     """Run `sql` with each keyword table registered under its name (requests are conformed)."""
     con = duckdb.connect()
     try:
         for name, table in tables.items():
-            con.register(name, conform(table) if name == "requests" else table)
+            con.register(name, RequestRecord.conform(table) if name == "requests" else table)
         return con.sql(sql).to_arrow_table()
     finally:
         con.close()
@@ -109,10 +88,7 @@ def agent_summary(requests: pa.Table) -> pa.Table:
     new_prefill_tokens_p50, cached_tokens, new_prefill_tokens (= recompute burden),
     weighted_hit_ratio, ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, e2e_p50_ms, e2e_p95_ms, tool_ms.
     """
-    rows = [asdict(s) for s in per_agent(conform(requests).to_pylist())]
-    if rows:
-        return pa.Table.from_pylist(rows)
-    return pa.table({"agent_id": pa.array([], pa.string()), "calls": pa.array([], pa.int64())})
+    return as_table(per_agent(RequestRecord.conform(requests).to_pylist()))
 
 
 def agent_turns(requests: pa.Table) -> pa.Table:

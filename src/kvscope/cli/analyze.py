@@ -1,17 +1,13 @@
 """`kvscope analyze`: the research-question analyses of one or more runs, as tables."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from kvscope.cli.common import console, friendly
 from kvscope.cli.report import RUNS_DIR_OPTION, TRACKING_OPTION, resolve_run
 from kvscope.errors import KvscopeError
-
-if TYPE_CHECKING:
-    from kvscope.report.html import Section
 
 RQS = (1, 2, 3, 4, 5, 6)
 PER_RUN = {1: ("overview", "agents", "turns"), 2: ("transitions",), 6: ("latency",)}
@@ -39,21 +35,6 @@ def split_args(args: list[str], rq: list[str]) -> tuple[list[str], list[int]]:
     return runs, chosen
 
 
-def print_section(section: "Section", label: str = "") -> None:
-    if not console.is_terminal:
-        console.width = max(console.width, 200)  # wide tables: a log file does not wrap
-    console.print(f"\n[bold]{section.title}[/]" + (f" ({label})" if label else ""))
-    for note in section.notes:
-        console.print(note, style="dim", highlight=False)
-    for view in section.tables:
-        table = Table(title=view.title or None, title_justify="left", show_header=any(view.headers))
-        for head, text in zip(view.headers, view.text or [False] * len(view.headers), strict=True):
-            table.add_column(head, justify="left" if text else "right", no_wrap=text)
-        for row in view.rows:
-            table.add_row(*row)
-        console.print(table)
-
-
 @friendly
 def analyze(
     runs: Annotated[list[str], typer.Argument(help="Run directories or MLflow run ids.")],
@@ -69,19 +50,23 @@ def analyze(
 ) -> None:
     """Print the analyses of RQ1 (agents, turns), RQ2 (transitions), RQ6 (workflow time) and,
     across runs, RQ3 (layout), RQ4 (cache pressure) and RQ5 (sharing)."""
-    from kvscope.report import html
+    from kvscope.report import run_sections
+    from kvscope.report.compare_sections import cross_run_sections
+    from kvscope.report.pages import analyze_runs
+    from kvscope.report.terminal import print_section
 
     refs, chosen = split_args(runs, rq)
     if not chosen:
         chosen = [1, 2, 6] if len(refs) == 1 else [3, 4, 5]
-    dirs = [resolve_run(r, runs_dir, tracking_uri) for r in refs]
-    data = [html.load_run(d, label) for d, label in zip(dirs, html.run_labels(dirs), strict=True)]
+    if not console.is_terminal:
+        console.width = max(console.width, 200)  # wide tables: a log file does not wrap
+    data = analyze_runs([resolve_run(r, runs_dir, tracking_uri) for r in refs])
     for d in data:
-        sections = {s.key: s for s in html.run_sections(d)}
         for n in (n for n in chosen if n in PER_RUN):
-            for key in PER_RUN[n]:
-                print_section(sections[key], d.label if len(data) > 1 else "")
+            for key in PER_RUN[n]:  # the section builders of run_sections, by name
+                section = getattr(run_sections, key)(d)
+                print_section(console, section, d.label if len(data) > 1 else "")
     if any(n in CROSS_RUN for n in chosen):
-        cross = {s.key: s for s in html.cross_run_sections(data)}
+        cross = {s.key: s for s in cross_run_sections(data)}
         for n in (n for n in chosen if n in CROSS_RUN):
-            print_section(cross[CROSS_RUN[n]])
+            print_section(console, cross[CROSS_RUN[n]])

@@ -33,6 +33,17 @@ def friendly(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def command(app: typer.Typer, name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Register `fn` as command NAME of `app`, its KvscopeError shown as one line (friendly)."""
+
+    def register(fn: Callable[P, R]) -> Callable[P, R]:
+        wrapped = friendly(fn)
+        app.command(name)(wrapped)
+        return wrapped
+
+    return register
+
+
 class Progress:
     """Step lines on a terminal spinner; in CI (no TTY) one line per step, not per pip line."""
 

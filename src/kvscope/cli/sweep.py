@@ -43,7 +43,7 @@ def sweep(
         _show_plan(plan)
         return
     preflight(plan)
-    from kvscope.experiment import Hooks  # MLflow and LangGraph load slowly
+    from kvscope.capture import Hooks  # MLflow and LangGraph load slowly
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     out_dir = new_sweep_dir(plan)
@@ -125,11 +125,8 @@ def _compare(record: SweepRecord, out_dir: Path) -> None:
     if not run_dirs:
         console.print("no point finished: no compare report")
         return
-    try:
-        from kvscope.report.html import compare_report
-    except ImportError:
-        console.print("the compare report is unavailable (kvscope.report.html.compare_report)")
-        return
+    from kvscope.report.pages import compare_report
+
     try:
         path = compare_report(run_dirs, out_dir / "compare.html")
     except Exception as err:  # the runs are kept either way

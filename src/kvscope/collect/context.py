@@ -9,12 +9,12 @@ from dataclasses import replace
 from typing import Any
 
 from kvscope.collect.series import nearest
-from kvscope.schema import RequestRecord
-
-Series = Mapping[str, Sequence[tuple[int, float]]]  # kvscope name -> (timestamp_ns, value), sorted
+from kvscope.records.requests import RequestRecord
 
 
-def with_context(row: dict[str, Any], series: Series) -> dict[str, Any]:
+def with_context(
+    row: dict[str, Any], series: Mapping[str, Sequence[tuple[int, float]]]
+) -> dict[str, Any]:
     """The row with its before/after cache and queue columns filled where samples exist."""
     start, end = row["start_ns"], row["end_ns"]
     used, usage = series.get("kv_used_tokens", ()), series.get("kv_usage", ())

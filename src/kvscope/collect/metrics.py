@@ -14,9 +14,8 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 import httpx
 import pyarrow as pa
@@ -25,38 +24,20 @@ import pyarrow.parquet as pq
 from prometheus_client.metrics_core import Metric
 
 from kvscope.engines.base import Engine, parse_metrics
-
-KVSCOPE_PREFIX = "kvscope:"
-SCHEMA = pa.schema(
-    [
-        pa.field("timestamp_ns", pa.int64(), nullable=False),
-        pa.field("benchmark_run_id", pa.string(), nullable=False),
-        pa.field("metric_name", pa.string(), nullable=False),
-        pa.field("labels", pa.string(), nullable=False),  # JSON object, sorted keys
-        pa.field("value", pa.float64(), nullable=False),
-        pa.field("kvscope_name", pa.string()),  # null: a sample kvscope has no name for
-    ]
+from kvscope.records.base import JsonlWriter
+from kvscope.records.metrics import (
+    KVSCOPE_PREFIX,
+    SCHEMA,
+    InstantValues,
+    ScrapeGap,
+    ScrapeSummary,
+    write_gaps,
 )
+
 _BATCH_ROWS = 1 << 16  # rows per Parquet row group; bounds the memory write() needs
 _ERROR_CHARS = 300
 
 Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class Gap:
-    timestamp_ns: int  # when the failed scrape was sent
-    error: str
-
-
-@dataclass(frozen=True)
-class ScrapeSummary:
-    scrapes: int  # attempted
-    errors: int  # gaps
-    rows: int
-    duration_s: float  # start() to stop()
-    samples_per_s: float  # successful scrapes per second of duration
-    skipped_ticks: int  # whole intervals lost because scrapes ran past their deadline
 
 
 class _Columns:
@@ -93,19 +74,19 @@ class _Columns:
         self.scrape_end.append(len(self.series))
 
 
+class SamplerOptions(TypedDict, total=False):
+    interval_s: float  # between scrapes (default 0.25)
+    timeout_s: float  # of one scrape (default 1.0)
+    instant_path: Path | None  # metrics.kvscope.jsonl: kvscope's values per scrape, as they come
+
+
 class Sampler:
     """Scrapes `url` every `interval_s` from start() to stop(); write() saves the series."""
 
-    def __init__(
-        self,
-        engine: type[Engine],
-        url: str,
-        benchmark_run_id: str,
-        *,
-        interval_s: float = 0.25,
-        timeout_s: float = 1.0,
-        instant_path: Path | None = None,
-    ) -> None:
+    def __init__(self, engine: type[Engine], url: str, benchmark_run_id: str,
+                 **options: Unpack[SamplerOptions]) -> None:  # fmt: skip
+        interval_s, timeout_s = options.get("interval_s", 0.25), options.get("timeout_s", 1.0)
+        instant_path = options.get("instant_path")
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
         if not engine.metric_prefix:
@@ -114,7 +95,7 @@ class Sampler:
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self._columns = _Columns(self._kvscope_name)
         self._instant: dict[str, list[tuple[int, float]]] = {}
-        self._gaps: list[Gap] = []
+        self._gaps: list[ScrapeGap] = []
         self._scrapes = self._skipped = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -126,7 +107,7 @@ class Sampler:
         # kvscope's instant values, one JSON line per scrape as it happens: what a crashed run
         # keeps (the full series is written as Parquet only at stop()).
         self.instant_path = instant_path
-        self._instant_file: Any = None
+        self._instant_stream: JsonlWriter[InstantValues] | None = None
 
     def start(self) -> None:
         """Start scraping; returns once the first scrape is done (or failed)."""
@@ -134,7 +115,7 @@ class Sampler:
             raise RuntimeError("the scraper was already started")
         self._client = httpx.Client(timeout=self.timeout_s)
         if self.instant_path is not None:
-            self._instant_file = self.instant_path.open("a", encoding="utf-8")
+            self._instant_stream = JsonlWriter(self.instant_path)
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="kvscope-metrics", daemon=True)
         self._thread.start()
@@ -151,8 +132,8 @@ class Sampler:
         if not self._thread.is_alive():
             self._scrape()  # so that the workload's last request has a sample after it
         self._client.close()
-        if self._instant_file is not None:
-            self._instant_file.close()
+        if self._instant_stream is not None:
+            self._instant_stream.close()
         self._summary = self.summary(time.monotonic() - self._started)
         return self._summary
 
@@ -174,7 +155,7 @@ class Sampler:
         )
 
     @property
-    def gaps(self) -> list[Gap]:
+    def gaps(self) -> list[ScrapeGap]:
         with self._lock:
             return list(self._gaps)
 
@@ -193,14 +174,9 @@ class Sampler:
             for batch in self._batches():
                 writer.write_batch(batch)
         gaps_path = path.with_name(path.stem + ".gaps.json")
-        doc: dict[str, Any] = {
-            "benchmark_run_id": self.benchmark_run_id,
-            "url": self.url,
-            "interval_s": self.interval_s,
-            "summary": asdict(self._summary or self.summary()),
-            "gaps": [asdict(g) for g in self.gaps],
-        }
-        gaps_path.write_text(json.dumps(doc, indent=2) + "\n")
+        header = {"benchmark_run_id": self.benchmark_run_id, "url": self.url,
+                  "interval_s": self.interval_s}  # fmt: skip
+        write_gaps(gaps_path, header, self._summary or self.summary(), self.gaps)
         return path, gaps_path
 
     def _loop(self) -> None:
@@ -265,10 +241,9 @@ class Sampler:
                 samples.append(v)
                 self._instant.setdefault(name, []).append((ts, v))
             cols.add_scrape(ts, series, samples)
-            if self._instant_file is not None and not self._instant_file.closed:
+            if self._instant_stream is not None:
                 known = {k: v for k, v in values.items() if v is not None}
-                self._instant_file.write(json.dumps({"ts": ts, "values": known}) + "\n")
-                self._instant_file.flush()
+                self._instant_stream.append(InstantValues(ts, known))
 
     def _kvscope_name(self, metric: str, labels: Mapping[str, str]) -> str | None:
         if metric.startswith(KVSCOPE_PREFIX):
@@ -277,7 +252,7 @@ class Sampler:
 
     def _gap(self, ts: int, error: str) -> None:
         with self._lock:
-            self._gaps.append(Gap(ts, error[:_ERROR_CHARS]))
+            self._gaps.append(ScrapeGap(ts, error[:_ERROR_CHARS]))
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         with self._lock:
@@ -319,29 +294,3 @@ class _Failed(Exception):
 def _arrow(values: array, type_: pa.DataType) -> pa.Array:
     """A fixed-width Arrow array over an array.array's buffer, without a copy."""
     return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
-
-
-def instant_series(table: pa.Table) -> dict[str, list[tuple[int, float]]]:
-    """kvscope instant value -> [(timestamp_ns, value)] in time order, from a written series."""
-    rows = table.filter(pc.starts_with(table["metric_name"], KVSCOPE_PREFIX))
-    rows = rows.sort_by("timestamp_ns").select(["kvscope_name", "timestamp_ns", "value"])
-    out: dict[str, list[tuple[int, float]]] = {}
-    for name, ts, v in zip(*(rows[c].to_pylist() for c in rows.column_names), strict=True):
-        out.setdefault(name, []).append((ts, v))
-    return out
-
-
-def instant_series_jsonl(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """The same, from the per-scrape JSONL a run appends while it goes (torn lines skipped)."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            for name, v in row["values"].items():
-                out.setdefault(name, []).append((row["ts"], v))
-    for points in out.values():
-        points.sort()
-    return out

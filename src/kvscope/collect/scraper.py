@@ -21,22 +21,26 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Unpack
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.collect.metrics import (
+from kvscope.collect.metrics import Sampler, SamplerOptions
+from kvscope.engines.base import Engine
+from kvscope.records.metrics import (
+    METRICS_GAPS,
+    METRICS_PARQUET,
     SCHEMA,
-    Gap,
-    Sampler,
+    ScrapeGap,
     ScrapeSummary,
+    Series,
     instant_series,
     instant_series_jsonl,
+    read_gaps,
 )
-from kvscope.engines.base import Engine
 
-_SERIES, _GAPS = "metrics.parquet", "metrics.gaps.json"
+_SERIES, _GAPS = METRICS_PARQUET, METRICS_GAPS  # written in the child's folder, then moved
 _START_S = 60.0  # a fresh interpreter importing pyarrow on a loaded machine: seconds, not minutes
 _WRITE_S = 120.0  # the final Parquet of a long run
 
@@ -48,33 +52,24 @@ class MetricsScraper:
     what the child appended to `instant_path` per scrape is then all there is.
     """
 
-    def __init__(
-        self,
-        engine: type[Engine],
-        url: str,
-        benchmark_run_id: str,
-        *,
-        interval_s: float = 0.25,
-        timeout_s: float = 1.0,
-        instant_path: Path | None = None,
-    ) -> None:
-        # Sampler checks the arguments here, before a process is started for them.
-        Sampler(engine, url, benchmark_run_id, interval_s=interval_s, timeout_s=timeout_s)
+    def __init__(self, engine: type[Engine], url: str, benchmark_run_id: str,
+                 **options: Unpack[SamplerOptions]) -> None:  # fmt: skip
+        # The Sampler checks the arguments here, before a process is started for them; the
+        # child gets them as it read them (defaults filled in).
+        s = Sampler(engine, url, benchmark_run_id, **(options | {"instant_path": None}))
+        self.instant_path = options.get("instant_path")
         self._args: dict[str, Any] = {
-            "engine": f"{engine.__module__}:{engine.__qualname__}",
-            "url": url,
-            "benchmark_run_id": benchmark_run_id,
-            "interval_s": interval_s,
-            "timeout_s": timeout_s,
-            "instant_path": str(instant_path) if instant_path else None,
-        }
-        self.instant_path = instant_path
+            "engine": f"{engine.__module__}:{engine.__qualname__}", "url": url,
+            "benchmark_run_id": benchmark_run_id, "interval_s": s.interval_s,
+            "timeout_s": s.timeout_s,
+            "instant_path": str(self.instant_path) if self.instant_path else None,
+        }  # fmt: skip
         self.error: str | None = None
         self._dir = Path()
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._summary: ScrapeSummary | None = None
-        self._gaps: list[Gap] = []
+        self._gaps: list[ScrapeGap] = []
         self._series: Path | None = None
 
     @property
@@ -128,9 +123,7 @@ class MetricsScraper:
             self.error = "the /metrics scraper process did not stop in time and was killed"
         gaps = self._dir / _GAPS
         if gaps.exists() and (self._dir / _SERIES).exists():
-            doc = json.loads(gaps.read_text())
-            self._summary = ScrapeSummary(**doc["summary"])
-            self._gaps = [Gap(**g) for g in doc["gaps"]]
+            self._summary, self._gaps = read_gaps(gaps)
             self._series = self._dir / _SERIES
         elif self.error is None:
             self.error = (
@@ -144,7 +137,7 @@ class MetricsScraper:
         return self._summary
 
     @property
-    def gaps(self) -> list[Gap]:
+    def gaps(self) -> list[ScrapeGap]:
         return list(self._gaps)
 
     def table(self) -> pa.Table:
@@ -152,7 +145,7 @@ class MetricsScraper:
             return SCHEMA.empty_table()
         return pq.read_table(self._series)
 
-    def kvscope_series(self) -> dict[str, list[tuple[int, float]]]:
+    def kvscope_series(self) -> Series:
         """kvscope instant value -> [(timestamp_ns, value)] in time order."""
         if self._series is not None:
             return instant_series(self.table())

@@ -51,6 +51,12 @@ def series_deltas(
     return out
 
 
+def histogram_part(metric_name: str) -> str | None:
+    """ "sum" or "count" for a Prometheus histogram's running sum / count sample, else None."""
+    part = metric_name.rsplit("_", 1)[-1]
+    return part if part in ("sum", "count") else None
+
+
 def nearest(points: Points, t_ns: int, side: Literal["before", "after"] = "before") -> float | None:
     """The value at or before (side="before") / at or after ("after") t_ns; None if none."""
     if side == "before":

@@ -9,9 +9,10 @@ import httpx
 import zmq
 from prometheus_client.metrics_core import Metric
 
-from kvscope.collect.kv_events import EventBatch, receive, replay, subscriber
 from kvscope.engines.base import Capabilities, Endpoints, Engine, parse_metrics
+from kvscope.engines.kv_events import receive, replay, subscriber
 from kvscope.errors import EngineError
+from kvscope.records.kv_events import KvBatch
 
 # Long enough to fill whole KV blocks (vLLM CPU: 128 tokens), so that a store event must follow.
 _FILLER = " ".join(f"ledger line {i} stays stable." for i in range(80))
@@ -81,7 +82,7 @@ def reports_cached_tokens(usage: dict | None) -> bool:
     return isinstance(details, dict) and isinstance(details.get("cached_tokens"), int)
 
 
-def _stored(batches: list[EventBatch]) -> bool:
+def _stored(batches: list[KvBatch]) -> bool:
     return any(e.kind == "stored" for b in batches for e in b.events)
 
 

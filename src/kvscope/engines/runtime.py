@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,6 +49,25 @@ def start(engine: Engine, log_path: Path, *, detached: bool = False) -> RunningE
         proc.stop()  # Ctrl-C during start-up too
         raise
     return RunningEngine(engine, endpoints, launch, proc, waited)
+
+
+def state_of(
+    handle: RunningEngine, log_path: Path, capabilities: dict[str, Any] | None = None
+) -> state.EngineState:
+    """What `kvscope engine up` records of a started engine, so that later commands find it."""
+    proc = handle.process
+    return state.EngineState(
+        kind=handle.engine.name,
+        pid=proc.pid if proc else None,
+        descendants=tuple(proc.descendants()) if proc else (),
+        endpoints=handle.endpoints,
+        launch_command=handle.launch.shell() if handle.launch else None,
+        log_path=str(log_path) if proc else None,
+        startup_s=handle.startup_s,
+        config=handle.engine.config.model_dump(mode="json"),
+        capabilities=capabilities,
+        dtype=handle.engine.dtype_choice().as_dict() if handle.launch else None,
+    )
 
 
 def reusable(engine: Engine) -> RunningEngine | None:

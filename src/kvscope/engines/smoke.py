@@ -8,13 +8,14 @@ from typing import Any
 
 import httpx
 
-from kvscope.collect.kv_events import EventBatch, receive, replay, subscriber
 from kvscope.engines.base import Endpoints, Engine
 from kvscope.engines.detect import (
     fetch_metrics,
     list_models,
     stream_usage,
 )
+from kvscope.engines.kv_events import receive, replay, subscriber
+from kvscope.records.kv_events import KvBatch
 
 # ~1,000 tokens of shared context: what the PEER agents of one workflow have in common.
 SHARED_CONTEXT = (
@@ -58,7 +59,7 @@ def run(engine: type[Engine], endpoints: Endpoints, nonce: str | None = None) ->
     with httpx.Client(timeout=300) as client:
         model = list_models(client, endpoints.base_url)[0]
         before = engine.counters(fetch_metrics(client, endpoints.metrics_url) or [])
-        batches: list[EventBatch] = []
+        batches: list[KvBatch] = []
         started = time.time()
         calls = []
         listen = (

@@ -18,14 +18,15 @@ import openai
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.schema import (
+from kvscope.records.requests import (
     STATUS_ERROR,
     STATUS_OK,
     STATUS_TIMEOUT,
     RequestRecord,
     derived_cache,
 )
-from kvscope.workload.runtime import CallIds, PromptInfo
+from kvscope.records.tokens import PromptTokenIds
+from kvscope.workload.runtime import CallIds, LlmCall, PromptInfo
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Probe:
         timeout_s: float,
         sink: Callable[[RequestRecord], None],
         tokens: ChatTokenizer | None = None,
-        token_sink: Callable[[str, tuple[int, ...]], None] | None = None,
+        token_sink: Callable[[PromptTokenIds], None] | None = None,
         store_prompts: bool = False,
     ) -> None:
         self.engine = engine
@@ -72,21 +73,12 @@ class Probe:
             base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0, timeout=timeout_s
         )
 
-    async def call(
-        self,
-        messages: list[dict[str, str]],
-        ids: CallIds,
-        request_uuid: str,
-        *,
-        max_tokens: int,
-        prompt: PromptInfo,
-        tool_ms: float | None = None,
-        ignore_eos: bool = False,
-    ) -> tuple[RequestRecord, str | None]:
+    async def call(self, call: LlmCall, request_uuid: str) -> tuple[RequestRecord, str | None]:
         """Send one request; always returns (and sinks) a row, also when the call failed."""
+        messages, ids, prompt = call.messages, call.ids, call.prompt
         instrumented = self._instrument(messages, prompt, request_uuid)
         body, headers = self.engine.request_tags(request_uuid, ids.agent_id)
-        if ignore_eos:
+        if call.ignore_eos:
             body["ignore_eos"] = True
         seen = _Stream()
         status, error_type, error_message = STATUS_OK, None, None
@@ -96,7 +88,7 @@ class Probe:
             stream = await self.client.chat.completions.create(
                 model=self.run.model_name,
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=max_tokens,
+                max_tokens=call.max_tokens,
                 temperature=0,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -119,7 +111,7 @@ class Probe:
             status, error_type = STATUS_ERROR, "malformed_stream"
             error_message = _short(f"{type(err).__name__}: {err}")
         t_end = time.perf_counter()
-        record = self._record(ids, request_uuid, prompt, seen, t0, t_end, start_ns, tool_ms)
+        record = self._record(ids, request_uuid, prompt, seen, t0, t_end, start_ns, call.tool_ms)
         record = with_server_timings(record, self.engine.server_timings(seen.final))
         record = replace(record, **instrumented)
         if status != STATUS_OK:
@@ -196,7 +188,7 @@ class Probe:
             return out
         pt = self.tokens.prompt(messages, prompt.fixed_messages)
         if self.token_sink is not None:
-            self.token_sink(request_uuid, pt.token_ids)
+            self.token_sink(PromptTokenIds(request_uuid, pt.token_ids))
         out |= {
             "prompt_hash": pt.prompt_hash,
             "token_id_hash": pt.token_id_hash,

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvscope.probe.client import Probe
 from kvscope.probe.tracing import Tracer
-from kvscope.workload.runtime import CallIds, LlmReply, PromptInfo, ToolSpan
+from kvscope.workload.runtime import CallIds, LlmCall, LlmReply, ToolSpan
 
 
 class ProfiledRuntime:
@@ -15,22 +15,11 @@ class ProfiledRuntime:
         self.tracer = tracer
         self.workflow_type = workflow_type
 
-    async def llm(
-        self,
-        messages: list[dict[str, str]],
-        ids: CallIds,
-        *,
-        max_tokens: int,
-        prompt: PromptInfo,
-        tool_ms: float | None = None,
-        ignore_eos: bool = False,
-    ) -> LlmReply:
+    async def llm(self, call: LlmCall) -> LlmReply:
         request_uuid = str(uuid.uuid4())
-        with self.tracer.llm(ids, request_uuid, messages, self.probe.run.model_name) as span:
-            record, content = await self.probe.call(
-                messages, ids, request_uuid, max_tokens=max_tokens, prompt=prompt,
-                tool_ms=tool_ms, ignore_eos=ignore_eos,
-            )  # fmt: skip
+        model = self.probe.run.model_name
+        with self.tracer.llm(call.ids, request_uuid, call.messages, model) as span:
+            record, content = await self.probe.call(call, request_uuid)
             span.finish(record, content)
         return LlmReply(request_uuid, content, record.status, record.error_type)
 

@@ -9,7 +9,6 @@ token count on every call; a row whose count differs is flagged, never silently 
 import hashlib
 import json
 from array import array
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from jinja2 import StrictUndefined
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from kvscope.records.tokens import common_prefix
 
 Messages = Sequence[dict[str, str]]
 
@@ -92,36 +93,6 @@ class ChatTokenizer:
         elif fixed_messages >= len(messages):
             fixed = len(ids)
         return PromptTokens(ids, text, fixed)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix: the first index where a and b differ."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-class PrefixIndex:
-    """Longest common prefix of a sequence with any sequence added before, in O(L log n).
-
-    Among sorted sequences, the longest common prefix with a query is reached at the query's
-    sorted neighbours, so only two comparisons are needed per query.
-    """
-
-    def __init__(self) -> None:
-        self._sorted: list[tuple[int, ...]] = []
-
-    def longest(self, ids: Sequence[int]) -> int:
-        key = tuple(ids)
-        i = bisect_left(self._sorted, key)
-        near = self._sorted[max(i - 1, 0) : i + 1]
-        return max((common_prefix(key, s) for s in near), default=0)
-
-    def add(self, ids: Sequence[int]) -> None:
-        key = tuple(ids)
-        self._sorted.insert(bisect_left(self._sorted, key), key)
 
 
 def _token_text(value: Any) -> str:

@@ -42,7 +42,7 @@ from mlflow.entities import (
 )
 
 from kvscope.config import TrackingConfig
-from kvscope.schema import STATUS_OK, RequestRecord
+from kvscope.records.requests import STATUS_OK, RequestRecord
 from kvscope.workload.runtime import CallIds
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 from matplotlib.figure import Figure
 
+from kvscope.analysis.agents import agent_key
 from kvscope.analysis.latency import COMPONENT_LABELS, COMPONENTS, PrefillFit
-from kvscope.analysis.runs import ALL, ReuseLoss
+from kvscope.analysis.runs import ALL, ReuseLoss, pooled
 from kvscope.analysis.transitions import SAME_AGENT, matrix
-from kvscope.analysis.turns import agent_key
 from kvscope.report.timeline import AGENT_COLORS
 
 OTHER_COLOR = "#8172B3"
@@ -315,7 +315,12 @@ def capacity_lines(sweep: pa.Table, losses: Sequence[ReuseLoss]) -> str | None:
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for k, (conc, group) in enumerate(series):
         for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
-            pts = _pooled_points(rows, agent, conc, group)
+            line = [
+                r
+                for r in rows
+                if (r["agent_id"], r["concurrency"], r.get("group")) == (agent, conc, group)
+            ]
+            pts = sorted((at, 100 * v) for at, v in pooled(line, "kv_capacity_tokens").items())
             if not pts:
                 continue
             label = ", ".join(
@@ -351,16 +356,3 @@ def capacity_lines(sweep: pa.Table, losses: Sequence[ReuseLoss]) -> str | None:
     ax.set_title("reuse as KV capacity shrinks", fontsize=10)
     fig.tight_layout()
     return data_uri(fig)
-
-
-def _pooled_points(
-    rows: list[dict[str, Any]], agent: str, conc: int | None, group: str | None
-) -> list[tuple[int, float]]:
-    """(capacity, hit ratio %) of one line; runs at the same capacity are pooled."""
-    sums: dict[int, list[int]] = {}
-    for r in rows:
-        if (r["agent_id"], r["concurrency"], r.get("group")) == (agent, conc, group):
-            acc = sums.setdefault(r["kv_capacity_tokens"], [0, 0])
-            acc[0] += r["cached_tokens"]
-            acc[1] += r["prompt_tokens"]
-    return sorted((c, 100 * a / p) for c, (a, p) in sums.items() if p)

@@ -9,9 +9,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
 
-AGENT_COLORS = {
-    "planner": "#4C72B0", "executor": "#DD8452", "expresser": "#55A868", "reviewer": "#C44E52",
-}  # fmt: skip
+from kvscope.analysis.agents import AGENT_ORDER
+
+# the PEER agents' colours, in their order
+AGENT_COLORS = dict(zip(AGENT_ORDER, ("#4C72B0", "#DD8452", "#55A868", "#C44E52"), strict=True))
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 

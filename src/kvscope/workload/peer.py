@@ -1,4 +1,4 @@
-"""KVFlow's PEER workflow in LangGraph, and the driver that runs many of them concurrently.
+"""KVFlow's PEER workflow in LangGraph (kvscope.workload.driver runs many of them at once).
 
 Planner -> Executor -> Expresser -> Reviewer -> (Planner | END)
 
@@ -6,12 +6,9 @@ Every node talks to the model and to tracing only through the AgentRuntime it is
 (kvscope.workload.runtime), so identifiers and measurements are the same for every agent.
 """
 
-import asyncio
 import operator
-import random
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
@@ -19,16 +16,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from kvscope.config import WorkloadConfig
-from kvscope.errors import ConfigError
-from kvscope.schema import STATUS_OK
+from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
-from kvscope.workload.runtime import AgentRuntime, CallIds, LlmReply
+from kvscope.workload.runtime import AgentRuntime, CallIds, LlmCall, LlmReply
 from kvscope.workload.synthetic import SyntheticPrompts
-from kvscope.workload.taskset import Problem, TaskSet, load_tasks
+from kvscope.workload.taskset import Problem, TaskSet
 from kvscope.workload.tools import calculate, extract_expression, format_hits, lookup
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+    pass
 
 WORKFLOW_TYPE = "peer"
 PLANNER, EXECUTOR, EXPRESSER, REVIEWER = prompts.AGENTS
@@ -58,18 +54,6 @@ class PeerState(TypedDict):
     failed_agent: str | None
     failed_turn: int | None
     error_type: str | None
-
-
-@dataclass(frozen=True)
-class WorkflowResult:
-    thread_id: str
-    workflow_run_id: str
-    task_id: str | None
-    cycles: int
-    calls: int
-    unparsed_verdicts: int
-    failed_agent: str | None
-    ok: bool
 
 
 def cycle_bound(cfg: WorkloadConfig) -> int:
@@ -179,22 +163,12 @@ class PeerAgents:
         tool_ms: float | None = None,
     ) -> LlmReply:
         if self.synthetic is not None:
-            reply = await self.runtime.llm(
-                messages,
-                ids,
-                max_tokens=self.cfg.synthetic.output_tokens,
-                prompt=self.synthetic.prompt_info,
-                tool_ms=tool_ms,
-                ignore_eos=True,
-            )
+            call = LlmCall(messages, ids, self.cfg.synthetic.output_tokens,
+                           self.synthetic.prompt_info, tool_ms, ignore_eos=True)  # fmt: skip
         else:
-            reply = await self.runtime.llm(
-                messages,
-                ids,
-                max_tokens=self.cfg.max_tokens,
-                prompt=prompts.prompt_info(self.cfg.layout, self.cfg.sharing),
-                tool_ms=tool_ms,
-            )
+            prompt = prompts.prompt_info(self.cfg.layout, self.cfg.sharing)
+            call = LlmCall(messages, ids, self.cfg.max_tokens, prompt, tool_ms)
+        reply = await self.runtime.llm(call)
         if self.on_call is not None:
             self.on_call(ids, reply)
         return reply
@@ -339,80 +313,3 @@ def initial_state(
         failed_turn=None,
         error_type=None,
     )
-
-
-def assign_tasks(tasks: TaskSet, workflows: int, seed: int) -> list[Problem]:
-    """Round-robin over a seeded shuffle of the task set: workflow i gets order[i % n]."""
-    order = list(tasks.problems)
-    random.Random(seed).shuffle(order)
-    return [order[i % len(order)] for i in range(workflows)]
-
-
-def thread_id_for(benchmark_run_id: str, index: int) -> str:
-    return f"{benchmark_run_id}-t{index:03d}"
-
-
-async def run_workflows(
-    runtime: AgentRuntime,
-    cfg: WorkloadConfig,
-    benchmark_run_id: str,
-    *,
-    tasks: TaskSet | None = None,
-    tokenizer: "Tokenizer | None" = None,
-    on_call: OnCall | None = None,
-    on_workflow_done: Callable[[WorkflowResult], None] | None = None,
-) -> list[WorkflowResult]:
-    """Run cfg.workflows PEER workflows, at most cfg.concurrency at once; results in index order.
-
-    A failed LLM call ends only its own workflow. An exception (a bug, not a failed call)
-    cancels the others and propagates.
-    """
-    synthetic: SyntheticPrompts | None = None
-    problems: Sequence[Problem | None]
-    if cfg.mode == "synthetic":
-        if tokenizer is None:
-            raise ConfigError("workload.mode synthetic needs the model's tokenizer")
-        synthetic = SyntheticPrompts(tokenizer, cfg.synthetic, seed=cfg.seed)
-        tasks = None
-        problems = [None] * cfg.workflows
-    else:
-        tasks = tasks if tasks is not None else load_tasks()
-        if not tasks.problems:
-            raise ConfigError("workload: the task set has no problems")
-        problems = assign_tasks(tasks, cfg.workflows, cfg.seed)
-    graph = build_graph(PeerAgents(runtime, cfg, tasks=tasks, synthetic=synthetic, on_call=on_call))
-    # Each cycle is 4 LangGraph steps; the slack only guards against a routing bug looping.
-    recursion_limit = 4 * cycle_bound(cfg) + 8
-    gate = asyncio.Semaphore(cfg.concurrency)
-    results: list[WorkflowResult | None] = [None] * cfg.workflows
-
-    async def one(index: int) -> None:
-        async with gate:
-            thread_id = thread_id_for(benchmark_run_id, index)
-            workflow_run_id = str(uuid.uuid4())
-            state = initial_state(
-                benchmark_run_id, thread_id, workflow_run_id, index, problems[index]
-            )
-            with runtime.workflow_span(benchmark_run_id, thread_id, workflow_run_id):
-                final = await graph.ainvoke(
-                    state,
-                    {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit},
-                )
-        result = WorkflowResult(
-            thread_id=thread_id,
-            workflow_run_id=workflow_run_id,
-            task_id=final["task_id"],
-            cycles=final["cycles"],
-            calls=final["calls"],
-            unparsed_verdicts=final["unparsed_verdicts"],
-            failed_agent=final["failed_agent"],
-            ok=final["failed_agent"] is None,
-        )
-        results[index] = result
-        if on_workflow_done is not None:
-            on_workflow_done(result)
-
-    async with asyncio.TaskGroup() as group:
-        for index in range(cfg.workflows):
-            group.create_task(one(index))
-    return [r for r in results if r is not None]

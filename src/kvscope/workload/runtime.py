@@ -38,21 +38,24 @@ class LlmReply:
     error_type: str | None
 
 
+@dataclass(frozen=True)
+class LlmCall:
+    """One model call an agent asks for: what the runtime sends, measures and traces."""
+
+    messages: list[dict[str, str]]
+    ids: CallIds
+    max_tokens: int
+    prompt: PromptInfo
+    tool_ms: float | None = None  # the agent's tool time before this call
+    ignore_eos: bool = False  # synthetic prompts: exactly max_tokens out
+
+
 class ToolSpan(Protocol):
     def set_output(self, output: Any) -> None: ...
 
 
 class AgentRuntime(Protocol):
-    async def llm(
-        self,
-        messages: list[dict[str, str]],
-        ids: CallIds,
-        *,
-        max_tokens: int,
-        prompt: PromptInfo,
-        tool_ms: float | None = None,
-        ignore_eos: bool = False,
-    ) -> LlmReply:
+    async def llm(self, call: LlmCall) -> LlmReply:
         """One model call: measured, recorded as one canonical row, traced as one LLM span."""
         ...
 

@@ -1,4 +1,5 @@
-"""The canonical request table: one row per LLM invocation, failed ones included.
+"""The request stream (requests.jsonl -> requests.parquet): one row per LLM invocation, failed
+ones included.
 
 Columns follow the design note's "Canonical request schema"; a value that was not measured is
 None (null in Parquet), never 0: the columns filled after the call (server timings and context,
@@ -6,10 +7,18 @@ prompt instrumentation, provenance) default to None. `sglang_response_id` keeps 
 name: it is the engine's response id (on SGLang it equals the rid kvscope sent).
 """
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, get_args
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvscope.records.base import arrow_schema, conform, read_jsonl
+
+REQUESTS_JSONL = "requests.jsonl"  # appended and flushed as each call ends
+REQUESTS_PARQUET = "requests.parquet"  # the same rows, typed, with the columns finalize fills
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -93,6 +102,11 @@ class RequestRecord:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def conform(cls, table: pa.Table) -> pa.Table:
+        """The table with every column: ones an older run lacks are added as nulls."""
+        return conform(table, ARROW_SCHEMA)
+
 
 def derived_cache(
     prompt_tokens: int | None, cached_tokens: int | None
@@ -105,14 +119,40 @@ def derived_cache(
     return new_prefill, ratio
 
 
-_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}
-
-
-def _field(name: str, tp: Any) -> pa.Field:
-    args = get_args(tp)
-    base = next(a for a in args if a is not type(None)) if args else tp
-    return pa.field(name, _ARROW[base], nullable=type(None) in args)
-
-
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
-ARROW_SCHEMA = pa.schema([_field(f.name, f.type) for f in fields(RequestRecord)])
+# Level 3: where a call's cached tokens came from and why the rest was computed (finalize fills
+# them from the KV events; they sum to cached_tokens and to prompt - cached tokens).
+PROVENANCE_COLUMNS: tuple[str, ...] = tuple(
+    c for c in COLUMNS if c.startswith(("cached_", "uncached_")) and c != "cached_tokens"
+)
+ARROW_SCHEMA = arrow_schema(RequestRecord)
+
+
+def to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Rows (dicts with the record's keys; a missing one is null) as the typed table."""
+    columns = {name: [row.get(name) for row in rows] for name in COLUMNS}
+    return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+
+
+def read_rows(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
+    """The JSONL stream's rows and how many torn lines were skipped."""
+    return read_jsonl(run_dir / REQUESTS_JSONL)
+
+
+def write_table(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    target = run_dir / REQUESTS_PARQUET
+    pq.write_table(to_table(rows), target)
+    return target
+
+
+def load_table(run_dir: Path) -> pa.Table:
+    """The run's request table, all columns: Parquet when written, else straight from the JSONL."""
+    parquet = run_dir / REQUESTS_PARQUET
+    if parquet.exists():
+        return RequestRecord.conform(pq.read_table(parquet))
+    return to_table(read_rows(run_dir)[0])
+
+
+def exists(run_dir: Path) -> bool:
+    """Whether the directory holds a request table (of either form): a kvscope run directory."""
+    return (run_dir / REQUESTS_PARQUET).exists() or (run_dir / REQUESTS_JSONL).exists()

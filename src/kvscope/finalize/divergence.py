@@ -9,7 +9,7 @@ reuse the prompt layout allows, whatever the cache does.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvscope.probe.tokens import PrefixIndex, common_prefix
+from kvscope.records.tokens import PrefixIndex, common_prefix
 
 Row = dict[str, Any]
 

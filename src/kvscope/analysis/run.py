@@ -1,0 +1,187 @@
+"""Every analysis of one run, computed once: `analyze_run(run_dir) -> RunAnalysis`.
+
+The run's tables (finalize) are the only input; the terminal summary, summary.json, MLflow and
+report.html all render the one RunAnalysis, so they cannot disagree. A view whose data the run
+lacks is None or empty (no /metrics series, no KV events), never zeros.
+"""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from kvscope.analysis import evictions, latency, provenance, transitions, turns
+from kvscope.analysis.agents import AgentSummary, as_table, overall, per_agent
+from kvscope.analysis.evictions import Residency, TransitionHarm
+from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.analysis.server_agents import per_agent_server
+from kvscope.analysis.time_split import TimeSplit, time_split
+from kvscope.collect.series import counter_delta
+from kvscope.errors import KvscopeError
+from kvscope.records import metrics, requests
+from kvscope.records.blocks import load_table as load_blocks
+from kvscope.records.finalized import Finalized, KvReport
+from kvscope.records.metrics import ScrapeSummary, Series
+from kvscope.records.run_dir import read_run_json
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    """One run directory, read and analysed (RQ1, RQ2, RQ6, Level 2 and Level 3)."""
+
+    run_dir: Path
+    label: str
+    run: dict[str, Any]  # run.json ({} for a run directory without one)
+    requests: pa.Table  # every canonical column (an older run's missing ones are null)
+    finalized: Finalized | None  # finalize.json: torn lines, KV event counts
+    # RQ1: per agent, per agent x turn, where the prompt tokens came from (Level 3)
+    agents: list[AgentSummary]
+    total: AgentSummary
+    turns: pa.Table
+    provenance: dict[str, dict[str, int]]
+    # RQ2: per transition
+    transitions: pa.Table
+    # RQ6: where workflow time goes
+    fit: latency.PrefillFit | None
+    calls: pa.Table
+    latency: pa.Table
+    workflows: pa.Table
+    # Level 2: the engine's /metrics
+    series: Series  # kvscope's instant values over time
+    scrape: ScrapeSummary | None  # the sampler's numbers; None when it wrote no series
+    scrape_error: str | None  # the sampler's own failure, as the capture recorded it
+    server: dict[str, float]
+    server_agents: dict[str, dict[str, float]]  # SGLang's `agent` metric label
+    reconciliation: list[Reconciliation]
+    time_split: list[TimeSplit]  # client / engine front end / core
+    # Level 3: the block table; None without KV events
+    blocks: list[Row] | None
+    evictions: pa.Table | None  # evictor x victim
+    harm: list[TransitionHarm]
+    residency: list[Residency]
+
+    @property
+    def benchmark_run_id(self) -> str:
+        return str(self.run.get("benchmark_run_id") or self.run_dir.name)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.run.get("config") or {}
+
+    @property
+    def kv(self) -> KvReport | None:
+        return self.finalized.kv if self.finalized else None
+
+    @property
+    def rows(self) -> int:
+        return self.requests.num_rows
+
+    @property
+    def kv_capacity_config(self) -> int | None:
+        return (self.config.get("engine") or {}).get("kv_capacity_tokens")
+
+    @property
+    def kv_capacity(self) -> int | None:
+        """The configured KV capacity, else the one the engine reported in /metrics."""
+        measured = self.series.get("kv_capacity_tokens")
+        if self.kv_capacity_config is not None:
+            return int(self.kv_capacity_config)
+        return int(measured[-1][1]) if measured else None
+
+    @property
+    def concurrency(self) -> int | None:
+        return (self.config.get("workload") or {}).get("concurrency")
+
+    def agent_table(self) -> pa.Table:
+        """`agents` as a table (AgentSummary's fields as columns)."""
+        return as_table(self.agents)
+
+    def eviction_summary(self) -> dict[str, float]:
+        """Run-level eviction numbers (blocks evicted, harm, per evictor -> victim pair)."""
+        return evictions.summary(self.blocks) if self.blocks is not None else {}
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json."""
+        return {
+            "agents": [asdict(a) for a in self.agents],
+            "total": asdict(self.total),
+            "server": self.server,
+            "server_agents": self.server_agents,
+            "scrape_error": self.scrape_error,
+            "reconciliation": [
+                asdict(r) | {"difference": r.difference} for r in self.reconciliation
+            ],
+            "time_split": [t.to_dict() for t in self.time_split],
+            "kv_events": asdict(self.kv) if self.kv else None,
+            "evictions": {
+                "summary": self.eviction_summary(),
+                "matrix": self.evictions.to_pylist() if self.evictions is not None else [],
+                "by_transition": [asdict(t) for t in self.harm],
+                "residency": [asdict(r) for r in self.residency],
+            }
+            if self.blocks is not None
+            else None,
+        }
+
+
+def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
+    """Read a finalized run directory and run every per-run analysis once."""
+    if not requests.exists(run_dir):
+        raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
+    run = read_run_json(run_dir)
+    table = requests.load_table(run_dir)
+    rows = table.to_pylist()
+    metrics_table = metrics.load_table(run_dir)
+    metric_rows = metrics_table.to_pylist() if metrics_table is not None else []
+    series = metrics.load_series(run_dir)
+    sampled = metrics_table is not None or (run_dir / metrics.METRICS_JSONL).exists()
+    gaps = run_dir / metrics.METRICS_GAPS
+    blocks = load_blocks(run_dir)
+    block_rows = blocks.to_pylist() if blocks is not None else None
+    fit = latency.fit_prefill_cost(table)
+    counters = {name: [v for _, v in pts] for name, pts in series.items()}
+    return RunAnalysis(
+        run_dir=run_dir,
+        label=label or run_dir.name,
+        run=run,
+        requests=table,
+        finalized=Finalized.read(run_dir),
+        agents=per_agent(rows),
+        total=overall(rows),
+        turns=turns.agent_turns(table),
+        provenance=provenance.by_agent(rows),
+        transitions=transitions.transitions(table),
+        fit=fit,
+        calls=latency.call_rows(table, fit),
+        latency=latency.agent_breakdown(table, fit),
+        workflows=latency.workflow_breakdown(table, fit),
+        series=series,
+        scrape=metrics.read_gaps(gaps)[0] if gaps.exists() else None,
+        scrape_error=(run.get("capture") or {}).get("scrape_error"),
+        server=server_summary(series),
+        server_agents=per_agent_server(metric_rows),
+        reconciliation=reconcile(rows, counters, counter_delta) if sampled else [],
+        time_split=time_split(rows, metric_rows),
+        blocks=block_rows,
+        evictions=evictions.matrix(blocks) if blocks is not None else None,
+        harm=evictions.by_transition(block_rows) if block_rows is not None else [],
+        residency=evictions.residency(block_rows) if block_rows is not None else [],
+    )
+
+
+def server_summary(series: Series) -> dict[str, float]:
+    """Run-level /metrics summaries: peak and mean KV use, mean queue, hit rate from counters."""
+    out: dict[str, float] = {}
+    for name in ("kv_used_tokens", "kv_usage", "running_requests", "queued_requests"):
+        values = [v for _, v in series.get(name, ())]
+        if values:
+            out[f"{name}_peak"] = max(values)
+            out[f"{name}_mean"] = sum(values) / len(values)
+    prompt = counter_delta(v for _, v in series.get("prompt_tokens_total", ()))
+    cached = counter_delta(v for _, v in series.get("cached_tokens_total", ()))
+    if prompt and cached is not None:
+        out["hit_rate_from_counters"] = cached / prompt
+    return out

@@ -1,0 +1,239 @@
+"""A capture session: the engine, kvscope's collectors and a run directory, open while a workload
+runs. Every model call made through `session.probe` becomes a row of the request stream.
+
+    with CaptureSession(cfg) as session:   # engine up (or reused / attached), cold cache,
+        ...drive the workload...            # /metrics sampler, KV event listener, MLflow run
+    # closed: collectors stopped, streams flushed, metrics.parquet written, engine stopped
+
+What to do with the run directory afterwards is not the session's business: finalize, analyze
+and publish read only the directory. A failure while the session opens closes what was opened
+already; `measuring` says whether anything was (an MLflow run and streams to keep).
+"""
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from kvscope import environment
+from kvscope.collect.kv_events import KvEventListener
+from kvscope.collect.scraper import MetricsScraper
+from kvscope.config import ExperimentConfig, config_hash
+from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
+from kvscope.engines.base import Capabilities, Engine
+from kvscope.engines.detect import detect, fetch_metrics
+from kvscope.engines.runtime import RunningEngine, reset_cache, running
+from kvscope.errors import EngineError
+from kvscope.probe.client import Probe, RunInfo
+from kvscope.probe.params import mlflow_params
+from kvscope.probe.tokens import ChatTokenizer
+from kvscope.probe.tracing import TrackingRun
+from kvscope.records import run_dir as files
+from kvscope.records.base import JsonlWriter
+from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_SUMMARY
+from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET
+from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
+from kvscope.records.tokens import TOKENS_JSONL, PromptTokenIds
+
+
+@dataclass
+class Hooks:
+    """Progress callbacks for the CLI (all optional)."""
+
+    on_stage: Callable[[str], None] = lambda _: None
+    on_call: Callable[[], None] = lambda: None
+    on_workflow_done: Callable[[], None] = lambda: None
+
+
+class CaptureSession:
+    """Engine handle + collectors + run directory + request stream writer, from open to close."""
+
+    def __init__(self, cfg: ExperimentConfig, hooks: Hooks | None = None) -> None:
+        self.cfg, self.hooks = cfg, hooks or Hooks()
+        runs_dir = cfg.runs_dir.resolve()
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id, self.run_dir = files.new_run(runs_dir, cfg.name)
+        (self.run_dir / files.CONFIG_YAML).write_text(
+            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        )
+        self.engine: Engine = make_engine(cfg.engine)
+        self.tracking: TrackingRun | None = None  # set once the MLflow run is open
+        self._stack = ExitStack()
+        self._requests: JsonlWriter[RequestRecord] | None = None
+        self._scraper: MetricsScraper | None = None
+        self._listener: KvEventListener | None = None
+        self._probe: Probe | None = None
+        self._closed = False
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the session got as far as its MLflow run: then what it holds is kept."""
+        return self.tracking is not None
+
+    @property
+    def probe(self) -> Probe:
+        """The profiled client: each call through it is one row of the request stream."""
+        if self._probe is None:
+            raise RuntimeError("the capture session is not open")
+        return self._probe
+
+    def open(self) -> "CaptureSession":
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self) -> None:
+        cfg, run_dir, stage = self.cfg, self.run_dir, self.hooks.on_stage
+        stage(f"starting {self.engine.name}")
+        handle = self._stack.enter_context(running(self.engine, run_dir / files.ENGINE_LOG))
+        stage("detecting engine capabilities")
+        caps = detect(handle.endpoints, METRIC_FAMILIES)
+        facts = _runtime_facts(caps, handle)
+        env = environment.collect(
+            self.engine, launch=handle.launch, capabilities=caps, runtime=facts
+        )
+        self._write_run_json(handle, env, cache_reset=self._cold_start(handle))
+        stage("opening the MLflow run")
+        self.tracking = TrackingRun.open(cfg.tracking, cfg.runs_dir.resolve())
+        params = mlflow_params(cfg, caps.models[0], self.engine.version(), facts, env)
+        self.tracking.start(
+            self.run_id, params, {"benchmark_run_id": self.run_id, "engine": self.engine.name}
+        )
+        self._requests = JsonlWriter(run_dir / REQUESTS_JSONL)
+        chat = _chat_tokenizer(self.engine)
+        tokens: JsonlWriter[PromptTokenIds] | None = (
+            JsonlWriter(run_dir / TOKENS_JSONL) if chat else None
+        )
+        if tokens is not None:
+            self._stack.callback(tokens.close)
+        self._probe = Probe(
+            self.engine,
+            handle.endpoints.base_url,
+            self._run_info(caps, env),
+            timeout_s=cfg.workload.request_timeout_s,
+            sink=self._row,
+            tokens=chat,
+            token_sink=tokens.append if tokens else None,
+            store_prompts=cfg.workload.store_prompts,
+        )
+        self._start_collectors(caps, handle)
+
+    def _row(self, record: RequestRecord) -> None:
+        assert self._requests is not None
+        self._requests.append(record)
+        self.hooks.on_call()
+
+    def _start_collectors(self, caps: Capabilities, handle: RunningEngine) -> None:
+        ep = handle.endpoints
+        if caps.family and caps.metrics and ep.metrics_url:
+            self._scraper = MetricsScraper(
+                ENGINES[caps.family],
+                ep.metrics_url,
+                self.run_id,
+                interval_s=self.cfg.metrics_interval_s,
+                instant_path=self.run_dir / METRICS_JSONL,
+            )
+            self._scraper.start()  # its first sample precedes the first request
+        if caps.kv_events and ep.kv_events:
+            self._listener = KvEventListener(
+                ep.kv_events,
+                self.run_dir / KV_EVENTS_JSONL,
+                bind=ep.kv_events_subscriber_binds,
+                replay_endpoint=ep.kv_events_replay,
+            )
+            self._listener.start()  # connected before the first request
+
+    def close(self) -> None:
+        """Stop the collectors, flush the streams, stop the engine (once; also after a failure)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._requests is not None:
+                self._requests.close()
+            if self._scraper is not None:
+                self._scraper.stop()
+                self._scraper.write(self.run_dir / METRICS_PARQUET)
+            if self._listener is not None:
+                summary = self._listener.stop()
+                (self.run_dir / KV_SUMMARY).write_text(
+                    json.dumps(summary.to_dict(), indent=2) + "\n"
+                )
+        finally:
+            self._stack.close()  # the prompt-token stream, then the engine
+        if self._scraper is not None and self._scraper.error:
+            self._record({"scrape_error": self._scraper.error})
+
+    def __enter__(self) -> "CaptureSession":
+        return self.open()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def exported_timings(self) -> dict[str, dict[str, float | None]]:
+        """The engine's own per-request timings, where it exports them (SGLang), by rid."""
+        return self.engine.exported_timings()
+
+    def _cold_start(self, handle: RunningEngine) -> str:
+        """Empty the prefix cache (an `engine up` engine holds earlier runs' blocks)."""
+        if not self.cfg.cold_start:
+            return "kept (cold_start: false)"
+        try:
+            note = reset_cache(self.engine, handle.endpoints.base_url)
+        except EngineError as err:
+            return f"not reset: {err}"
+        return note or "emptied before the workload"
+
+    def _run_info(self, caps: Capabilities, env: dict[str, Any]) -> RunInfo:
+        digest = env.get("model", {}).get("chat_template_sha256")
+        return RunInfo(
+            experiment_name=self.cfg.tracking.experiment,
+            configuration_hash=config_hash(self.cfg),
+            workflow_type=self.cfg.workload.workflow,
+            workflow_concurrency=self.cfg.workload.concurrency,
+            model_name=caps.models[0],
+            chat_template_name=f"sha256:{digest[:12]}" if digest else None,
+        )
+
+    def _write_run_json(self, handle: RunningEngine, env: dict[str, Any], cache_reset: str) -> None:
+        launch = handle.launch.shell() if handle.launch else None
+        run = {
+            "benchmark_run_id": self.run_id,
+            "configuration_hash": config_hash(self.cfg),
+            "config": self.cfg.model_dump(mode="json"),
+            "launch_command": launch,
+            "cache_reset": cache_reset,
+            "environment": env,
+        }
+        (self.run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
+        (self.run_dir / files.ENVIRONMENT_JSON).write_text(json.dumps(env, indent=2, default=str))
+        (self.run_dir / files.LAUNCH_COMMAND).write_text((launch or "") + "\n")
+
+    def _record(self, capture: dict[str, Any]) -> None:
+        """Add what the collectors reported at close to run.json's `capture`."""
+        run = files.read_run_json(self.run_dir)
+        run["capture"] = (run.get("capture") or {}) | capture
+        (self.run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
+
+
+def _runtime_facts(caps: Capabilities, handle: RunningEngine) -> dict[str, Any]:
+    """What the engine's /metrics says about itself (KV capacity, block size, ...)."""
+    if not caps.family:
+        return {}
+    with httpx.Client(timeout=10) as client:
+        families = fetch_metrics(client, handle.endpoints.metrics_url) or []
+    return ENGINES[caps.family].runtime_facts(families)
+
+
+def _chat_tokenizer(engine: Engine) -> ChatTokenizer | None:
+    """The model's own tokenizer and chat template, where kvscope can read the model folder."""
+    path = engine.model_facts().get("path")
+    return ChatTokenizer.from_model_dir(Path(path)) if path and Path(path).is_dir() else None

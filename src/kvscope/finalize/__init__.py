@@ -1,0 +1,10 @@
+"""Finalize: a run directory's streams -> its tables (requests with their Level 2 context and
+Level 3 provenance, KV events, block lives), the same at the end of a run and in `kvscope convert`.
+
+tables.py reads and writes the run directory; divergence.py (where prompts first diverge) and
+provenance.py (the block ledger: who stored, reused and evicted each block) fill the columns.
+"""
+
+from kvscope.finalize.tables import convert, finalize
+
+__all__ = ["convert", "finalize"]

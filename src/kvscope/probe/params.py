@@ -1,0 +1,52 @@
+"""The MLflow run's params: what a run was configured and found to be, in MLflow's flat terms."""
+
+from typing import Any
+
+from kvscope.config import ExperimentConfig, config_hash
+from kvscope.workload import prompts
+
+
+def mlflow_params(
+    cfg: ExperimentConfig,
+    model: str,
+    version: str | None,
+    facts: dict[str, Any],
+    env: dict[str, Any],
+) -> dict[str, object]:
+    """The run's configuration as MLflow params (unset ones left out)."""
+    w, e = cfg.workload, cfg.engine
+    params: dict[str, object] = {
+        "model": model,
+        "model_id": env.get("model", {}).get("model_id"),
+        "model_revision": env.get("model", {}).get("revision"),
+        "serving_engine": e.kind,
+        "engine_version": version,
+        "launch_command": env["engine"]["launch_command"],
+        # dtype: what the engine ran with; why: the rule and the CPU flags (engines/cpu.py)
+        "dtype": (env["engine"].get("dtype") or {}).get("dtype"),
+        "dtype_reason": (env["engine"].get("dtype") or {}).get("reason"),
+        "cpu_isa_flags": ",".join(env.get("cpu", {}).get("isa_flags") or []) or None,
+        "prefix_cache": e.prefix_cache,
+        "radix_eviction_policy": e.eviction_policy,
+        "kv_capacity_tokens_config": e.kv_capacity_tokens,
+        "kv_capacity_tokens": facts.get("capacity_tokens"),
+        "context_length": e.context_length,
+        "workflow": "-".join(prompts.AGENTS),
+        "loop_mode": w.loop,
+        "cycles": w.cycles if w.loop == "fixed" else None,
+        "max_cycles": w.max_cycles if w.loop == "model" else None,
+        "workflows": w.workflows,
+        "concurrency": w.concurrency,
+        "prompt_mode": w.mode,
+        "prompt_layout": w.layout,
+        "prompt_sharing": w.sharing if w.mode == "tasks" else None,
+        "cold_start": cfg.cold_start,
+        "prompt_template_version": prompts.TEMPLATE_VERSION,
+        "max_tokens": w.max_tokens if w.mode == "tasks" else w.synthetic.output_tokens,
+        "fixed_prompt_tokens": w.synthetic.fixed_tokens if w.mode == "synthetic" else None,
+        "dynamic_prompt_tokens": w.synthetic.dynamic_tokens if w.mode == "synthetic" else None,
+        "tool": w.tool,
+        "random_seed": w.seed,
+        "configuration_hash": config_hash(cfg),
+    }
+    return {k: v for k, v in params.items() if v is not None}

@@ -1,0 +1,151 @@
+"""Publish one analysed run: summary.json, the figures, report.html and the MLflow run.
+
+Everything here renders the one RunAnalysis; nothing is computed a second time.
+"""
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kvscope.analysis.agents import AgentSummary
+from kvscope.analysis.run import RunAnalysis
+from kvscope.probe.tracing import TraceAudit, TrackingRun
+from kvscope.records import run_dir as files
+from kvscope.report import plots, timeline
+from kvscope.report.pages import write_run_report
+
+
+class _Workflow(Protocol):
+    ok: bool
+    unparsed_verdicts: int
+
+
+@dataclass(frozen=True)
+class WorkloadOutcome:
+    """What the workload driver knows beyond the request rows; None: not known (a user's app)."""
+
+    workflows: int | None = None
+    failed: int | None = None  # workflows ended by a failed call
+    unparsed_verdicts: int | None = None  # Reviewer verdicts treated as REVISE
+
+    @classmethod
+    def of(cls, results: Sequence[_Workflow]) -> "WorkloadOutcome":
+        return cls(
+            len(results), sum(not r.ok for r in results), sum(r.unparsed_verdicts for r in results)
+        )
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    analysis: RunAnalysis
+    workload: WorkloadOutcome
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    audit: TraceAudit | None
+    error: str | None = None  # why the run stopped early; what was measured is kept
+
+    @property
+    def benchmark_run_id(self) -> str:
+        return self.analysis.benchmark_run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return self.analysis.run_dir
+
+
+def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda _: None) -> None:
+    """summary.json, timeline.png, evictions.png and report.html in the run directory."""
+    run_dir = analysis.run_dir
+    (run_dir / files.SUMMARY_JSON).write_text(json.dumps(analysis.summary(), indent=2))
+    if analysis.rows:
+        timeline.plot(
+            analysis.requests.to_pylist(),
+            analysis.series,
+            run_dir / files.TIMELINE_PNG,
+            f"{analysis.benchmark_run_id}: KV cache and calls",
+        )
+    if analysis.evictions is not None and analysis.evictions.num_rows:
+        plots.write_png(plots.eviction_heatmap(analysis.evictions), run_dir / files.EVICTIONS_PNG)
+    on_stage("writing report.html")
+    try:
+        write_run_report(analysis)
+    except Exception as err:  # the tables are written: a report failure must not lose them
+        (run_dir / files.REPORT_ERROR).write_text(f"{type(err).__name__}: {err}\n")
+
+
+def publish(
+    analysis: RunAnalysis,
+    tracking: TrackingRun,
+    workload: WorkloadOutcome,
+    *,
+    failure: BaseException | None = None,
+    traces: bool = True,
+    on_stage: Callable[[str], None] = lambda _: None,
+) -> RunOutcome:
+    """Write the run's files, then log its metrics and files to its MLflow run and end that."""
+    write_files(analysis, on_stage)
+    on_stage("logging to MLflow")
+    tracking.log_metrics(run_metrics(analysis, workload))
+    for name in files.ARTIFACTS:
+        if (analysis.run_dir / name).exists():
+            tracking.log_artifact(analysis.run_dir / name)
+    # After a failure, the workflows that got as far as a call are the traces to expect.
+    started = len(set(analysis.requests["workflow_run_id"].to_pylist()))
+    expected = workload.workflows if failure is None and workload.workflows is not None else started
+    audit = tracking.finish(
+        expected if traces else 0, status="FINISHED" if failure is None else "FAILED"
+    )
+    error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
+    return RunOutcome(analysis, workload, tracking.run_id, tracking.tracking_uri, audit, error)
+
+
+def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float]:
+    """The MLflow run's metrics: per-agent summaries, /metrics, reconciliation, KV, time split."""
+    a = analysis
+    out = agent_metrics([*a.agents, a.total])
+    out |= {f"server.{k}": v for k, v in a.server.items()}
+    out |= {
+        f"server.{agent}.{k}": v for agent, view in a.server_agents.items() for k, v in view.items()
+    }
+    out |= {
+        f"reconcile.{r.counter}.difference": r.difference
+        for r in a.reconciliation
+        if r.difference is not None
+    }
+    out |= {f"kv.{k}": v for k, v in a.eviction_summary().items()}
+    for t in a.time_split:
+        d = t.to_dict()
+        out |= {
+            f"time.{t.span}.{k}": d[k]
+            for k in ("client_ms", "engine_ms", "core_ms", "client_side_ms", "front_end_ms")
+            if d[k] is not None
+        }
+    if a.kv is not None:
+        out["kv.missing_batches"] = float(a.kv.missing_batches)
+    counts = {
+        "workflows_run": workload.workflows,
+        "workflows_failed": workload.failed,
+        "unparsed_verdicts": workload.unparsed_verdicts,
+    }
+    return out | {k: float(v) for k, v in counts.items() if v is not None}
+
+
+def agent_metrics(summaries: Sequence[AgentSummary]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in summaries:
+        values = {
+            "calls": s.calls,
+            "failed": s.failed,
+            "weighted_hit_ratio": s.weighted_hit_ratio,
+            "recompute_burden": s.new_prefill_tokens,
+            "cached_tokens": s.cached_tokens,
+            "ttft_p50_ms": s.ttft_p50_ms,
+            "ttft_p95_ms": s.ttft_p95_ms,
+            "e2e_p50_ms": s.e2e_p50_ms,
+            "e2e_p95_ms": s.e2e_p95_ms,
+            "tpot_p50_ms": s.tpot_p50_ms,
+        }
+        out.update({f"{s.agent_id}.{k}": float(v) for k, v in values.items() if v is not None})
+    return out

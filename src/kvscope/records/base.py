@@ -1,0 +1,102 @@
+"""What every stream shares: one JSONL appender, one JSONL reader, Arrow schemas from dataclasses.
+
+A stream is appended while the run goes, one JSON line per record, flushed at once: a crash loses
+nothing that was written. Reading skips unreadable lines (a write cut short) and counts them.
+"""
+
+import json
+import threading
+import types
+from collections.abc import Mapping
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar, Union, get_args, get_origin
+
+import pyarrow as pa
+
+
+class Record(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Record)
+
+
+class JsonlWriter(Generic[R]):
+    """Appends one JSON line per record to `path` and flushes it; safe to call from threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = 0
+        self._file = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def append(self, record: R) -> None:
+        line = json.dumps(record.to_dict(), separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._file.closed:
+                return  # a late record after close(): the stream is complete already
+            self._file.write(line)
+            self._file.flush()
+            self.rows += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "JsonlWriter[R]":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a JSONL stream, and how many unreadable lines (a torn write) were skipped."""
+    rows, bad = [], 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return rows, bad
+
+
+def record_dict(record: Any) -> dict[str, Any]:
+    """A dataclass record as plain JSON-ready values (tuples become lists)."""
+    assert is_dataclass(record) and not isinstance(record, type)
+    return _plain(asdict(record))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The table with every column of `schema`: ones an older run lacks are added as nulls."""
+    for field in schema:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
+
+
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def arrow_schema(cls: type, types_: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
+    """The Arrow schema of a flat dataclass: str/int/float/bool columns, nullable where the type
+    admits None; `types_` overrides a column's Arrow type."""
+    out = []
+    for f in fields(cls):
+        args = get_args(f.type) if get_origin(f.type) in (Union, types.UnionType) else ()
+        base = next(a for a in args if a is not type(None)) if args else f.type
+        arrow = (types_ or {}).get(f.name, _ARROW[base])
+        out.append(pa.field(f.name, arrow, nullable=type(None) in args))
+    return pa.schema(out)

@@ -1,0 +1,121 @@
+"""The /metrics streams: every engine sample per scrape (metrics.parquet, long format), the
+scrapes that failed and the sampler's numbers (metrics.gaps.json), and kvscope's own instant values
+per scrape (metrics.kvscope.jsonl, appended while the run goes so that a crashed run keeps them).
+
+Rows whose metric_name starts with "kvscope:" carry kvscope's instant values (kv_used_tokens,
+running_requests, ...), so that joins downstream need no engine's metric map.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kvscope.records.base import arrow_schema, record_dict
+
+METRICS_PARQUET = "metrics.parquet"
+METRICS_GAPS = "metrics.gaps.json"
+METRICS_JSONL = "metrics.kvscope.jsonl"
+KVSCOPE_PREFIX = "kvscope:"
+
+Series = dict[str, list[tuple[int, float]]]  # kvscope name -> [(timestamp_ns, value)], in order
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One row of metrics.parquet."""
+
+    timestamp_ns: int
+    benchmark_run_id: str
+    metric_name: str
+    labels: str  # JSON object, sorted keys
+    value: float
+    kvscope_name: str | None  # null: a sample kvscope has no name for
+
+
+SCHEMA = arrow_schema(MetricSample)
+
+
+@dataclass(frozen=True)
+class InstantValues:
+    """One line of metrics.kvscope.jsonl: kvscope's instant values of one scrape."""
+
+    ts: int  # timestamp_ns of the scrape
+    values: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+
+@dataclass(frozen=True)
+class ScrapeGap:
+    timestamp_ns: int  # when the failed scrape was sent
+    error: str
+
+
+@dataclass(frozen=True)
+class ScrapeSummary:
+    scrapes: int  # attempted
+    errors: int  # gaps
+    rows: int
+    duration_s: float  # start() to stop()
+    samples_per_s: float  # successful scrapes per second of duration
+    skipped_ticks: int  # whole intervals lost because scrapes ran past their deadline
+
+
+def write_gaps(
+    path: Path, header: dict[str, Any], summary: ScrapeSummary, gaps: list[ScrapeGap]
+) -> None:
+    doc = header | {"summary": record_dict(summary), "gaps": [record_dict(g) for g in gaps]}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def read_gaps(path: Path) -> tuple[ScrapeSummary, list[ScrapeGap]]:
+    doc = json.loads(path.read_text())
+    return ScrapeSummary(**doc["summary"]), [ScrapeGap(**g) for g in doc["gaps"]]
+
+
+def instant_series(table: pa.Table) -> Series:
+    """kvscope instant value -> [(timestamp_ns, value)] in time order, from a written series."""
+    rows = table.filter(pc.starts_with(table["metric_name"], KVSCOPE_PREFIX))
+    rows = rows.sort_by("timestamp_ns").select(["kvscope_name", "timestamp_ns", "value"])
+    out: Series = {}
+    for name, ts, v in zip(*(rows[c].to_pylist() for c in rows.column_names), strict=True):
+        out.setdefault(name, []).append((ts, v))
+    return out
+
+
+def instant_series_jsonl(path: Path) -> Series:
+    """The same, from the per-scrape JSONL a run appends while it goes (torn lines skipped)."""
+    out: Series = {}
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            for name, v in row["values"].items():
+                out.setdefault(name, []).append((row["ts"], v))
+    for points in out.values():
+        points.sort()
+    return out
+
+
+def load_table(run_dir: Path) -> pa.Table | None:
+    """metrics.parquet, or None when the run has none."""
+    path = run_dir / METRICS_PARQUET
+    return pq.read_table(path) if path.exists() else None
+
+
+def load_series(run_dir: Path) -> Series:
+    """kvscope's instant values: from metrics.parquet, else from the JSONL of a crashed run."""
+    table = load_table(run_dir)
+    if table is not None:
+        return instant_series(table)
+    if (run_dir / METRICS_JSONL).exists():
+        return instant_series_jsonl(run_dir / METRICS_JSONL)
+    return {}

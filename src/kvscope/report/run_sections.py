@@ -1,0 +1,194 @@
+"""The sections of one run's report: overview, RQ1 (agents, turns, provenance), RQ2 (transitions),
+RQ6 (latency, TTFT), the KV usage timeline and the evictions, each from the run's RunAnalysis."""
+
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+
+from kvscope.analysis.run import RunAnalysis
+from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
+from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
+from kvscope.records.run_dir import TIMELINE_PNG
+from kvscope.report import plots, timeline
+from kvscope.report.columns import COLUMNS
+from kvscope.report.prose import say
+from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
+
+
+def run_sections(run: RunAnalysis) -> list[Section]:
+    return [
+        overview(run),
+        agents(run),
+        turns(run),
+        provenance(run),
+        transitions(run),
+        latency(run),
+        ttft(run),
+        timeline_section(run),
+        evictions(run),
+    ]
+
+
+def overview(run: RunAnalysis) -> Section:
+    req, cfg = run.requests, run.config
+    engine, workload = cfg.get("engine") or {}, cfg.get("workload") or {}
+    whole = next(
+        (r for r in layout_comparison({run.label: req}).to_pylist() if r["agent_id"] == ALL), {}
+    )
+    capacity = run.kv_capacity
+    default = " (engine default)" if run.kv_capacity_config is None else ""
+    pairs = [
+        ("run", run.label),
+        ("engine", str(engine.get("kind", "unknown"))),
+        ("prompt layout", str(workload.get("layout", distinct_values(req, "prompt_layout")))),
+        (
+            "workflows x concurrency",
+            f"{workload.get('workflows', NULL)} x {workload.get('concurrency', NULL)}",
+        ),
+        ("KV capacity (tokens)", NULL if capacity is None else f"{capacity:,}{default}"),
+        ("LLM calls", f"{req.num_rows} ({whole.get('failed', 0)} failed)"),
+        ("weighted hit ratio (run)", fmt(whole.get("weighted_hit_ratio"), "ratio")),
+        ("recompute burden (run)", fmt(whole.get("recompute_burden"), "int")),
+    ]
+    notes = []
+    if req.num_rows and req["cached_self_tokens"].null_count == req.num_rows:
+        notes.append(say("overview_no_provenance"))
+    if req.num_rows and req["first_divergence_previous_agent"].null_count == req.num_rows:
+        notes.append(say("overview_no_prompt_tokens"))
+    return Section("overview", "Run", "", tables=[facts("", pairs)], notes=notes)
+
+
+def agents(run: RunAnalysis) -> Section:
+    summary = run.agent_table()
+    return Section(
+        "agents",
+        "RQ1: per agent",
+        say("agents_intro"),
+        plots.agent_bars(summary),
+        say("agents_missing"),
+        [table(summary, COLUMNS["agent"], "per agent")],
+    )
+
+
+def turns(run: RunAnalysis) -> Section:
+    lines = plots.turn_lines(run.turns)
+    return Section(
+        "turns",
+        "RQ1: per agent and turn",
+        say("turns_intro"),
+        lines,
+        "" if lines else say("turns_missing"),
+        [table(run.turns, COLUMNS["turn"], "per agent x turn")],
+    )
+
+
+def provenance_table(run: RunAnalysis) -> Table:
+    """Per agent, its prompt tokens by where they came from (Level 3)."""
+    data = pa.Table.from_pylist([{"agent_id": a, **v} for a, v in run.provenance.items()])
+    cols = (
+        Column("agent_id", "agent", "text"),
+        *(Column(name, label) for name, label, _ in plots.PROVENANCE_PARTS),
+    )
+    return table(data, cols, "per agent (tokens)")
+
+
+def provenance(run: RunAnalysis) -> Section:
+    sums = run.provenance
+    return Section(
+        "provenance",
+        "RQ1: who the cache served, and why the rest was computed",
+        say("provenance_intro"),
+        plots.provenance_bars(sums),
+        say("provenance_missing"),
+        [provenance_table(run)] if sums else [],
+    )
+
+
+def transitions(run: RunAnalysis) -> Section:
+    pairs = run.transitions
+    has_prov = any(v for v in pairs["provenance_calls"].to_pylist())
+    hidden = {"provenance_calls", *PROVENANCE}
+    cols = COLUMNS["pair"] if has_prov else [x for x in COLUMNS["pair"] if x.name not in hidden]
+    return Section(
+        "transitions",
+        "RQ2: transitions",
+        say("transitions_intro"),
+        plots.transition_heatmap(pairs),
+        say("transitions_missing"),
+        [table(pairs, cols, "transitions", drop_null=True)],
+        [] if has_prov else [say("transitions_no_provenance")],
+    )
+
+
+def latency(run: RunAnalysis) -> Section:
+    known = any(v is not None for v in run.latency["cache_miss_ms"].to_pylist())
+    flagged = [r for r in run.latency.to_pylist() if r["flag"]]
+    short = run.workflows.set_column(
+        0,
+        "workflow_run_id",
+        pa.array([w[:8] for w in run.workflows["workflow_run_id"].to_pylist()], pa.string()),
+    )
+    return Section(
+        "latency",
+        "RQ6: where workflow time goes",
+        say("latency_intro"),
+        plots.latency_stack(run.latency),
+        say("latency_missing"),
+        [
+            table(run.latency, COLUMNS["latency"], "per agent, all workflows (ms)", drop_null=True),
+            table(
+                short,
+                COLUMNS["workflow"],
+                "per workflow, along its critical path (ms)",
+                drop_null=True,
+            ),
+        ],
+        [
+            say("fit", run.fit),
+            say("cache_miss", known),
+            *(say("flag", r) for r in flagged),
+            *(say("time_split", t) for t in run.time_split),
+        ],
+    )
+
+
+def ttft(run: RunAnalysis) -> Section:
+    return Section(
+        "ttft",
+        "TTFT vs new prefill tokens",
+        say("ttft_intro"),
+        plots.ttft_scatter(run.calls, run.fit),
+        say("ttft_missing"),
+    )
+
+
+def timeline_section(run: RunAnalysis) -> Section:
+    png = run.run_dir / TIMELINE_PNG
+    image = None
+    if png.exists():
+        image = plots.file_uri(png)
+    elif run.series and run.rows:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = timeline.plot(
+                run.requests.to_pylist(), run.series, Path(tmp) / TIMELINE_PNG, run.label
+            )
+            image = plots.file_uri(path)
+    return Section(
+        "timeline", "KV usage over time", say("timeline_intro"), image, say("timeline_missing")
+    )
+
+
+def evictions(run: RunAnalysis) -> Section:
+    pairs = run.evictions
+    recorded = pairs is not None
+    return Section(
+        "evictions",
+        "Evictions",
+        say("evictions_intro"),
+        plots.eviction_heatmap(pairs) if pairs is not None else None,
+        say("evictions_missing", recorded),
+        [table(pairs, COLUMNS["eviction"], "evictor x victim")]
+        if pairs is not None and pairs.num_rows
+        else [],
+    )

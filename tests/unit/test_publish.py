@@ -1,0 +1,85 @@
+"""publish(): one RunAnalysis -> summary.json, figures, report.html and the MLflow run's metrics,
+files and trace audit (a recorded run, a stand-in for MLflow)."""
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+from kvscope.analysis.run import RunAnalysis, analyze_run
+from kvscope.finalize import finalize
+from kvscope.probe.tracing import TraceAudit
+from kvscope.publish import WorkloadOutcome, publish, run_metrics
+from kvscope.records import run_dir as files
+
+RUN = "fixture-pressure-20261123-190437-ee5775"  # evictions, exact reconciliation
+
+
+@dataclass
+class FakeTracking:
+    """What publish asks of kvscope.probe.tracing.TrackingRun."""
+
+    run_id: str = "mlflow-run-1"
+    tracking_uri: str = "sqlite:///nowhere.db"
+    metrics: dict[str, float] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+    finished: tuple[int, str] | None = None
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        self.metrics.update(metrics)
+
+    def log_artifact(self, path: Path) -> None:
+        assert path.exists()
+        self.artifacts.append(path.name)
+
+    def finish(self, expected: int, status: str = "FINISHED") -> TraceAudit:
+        self.finished = (expected, status)
+        return TraceAudit(expected, expected, 0)
+
+
+@pytest.fixture
+def analysis(tmp_path: Path) -> RunAnalysis:
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded-runs" / RUN, tmp_path / RUN)
+    finalize(tmp_path / RUN)
+    return analyze_run(tmp_path / RUN)
+
+
+def test_every_file_renders_the_one_analysis(analysis: RunAnalysis) -> None:
+    tracking = FakeTracking()
+    outcome = publish(analysis, tracking, WorkloadOutcome(2, 0, 0))  # type: ignore[arg-type]
+    run_dir = analysis.run_dir
+    assert json.loads((run_dir / files.SUMMARY_JSON).read_text()) == json.loads(
+        json.dumps(analysis.summary())
+    )
+    for name in (files.REPORT_HTML, files.TIMELINE_PNG, files.EVICTIONS_PNG):
+        assert (run_dir / name).stat().st_size > 0, name
+    # the MLflow run: the same numbers, every file that exists, in the artifacts' order
+    planner = analysis.agents[0]
+    assert tracking.metrics["planner.weighted_hit_ratio"] == planner.weighted_hit_ratio
+    assert tracking.metrics["all.recompute_burden"] == analysis.total.new_prefill_tokens
+    assert tracking.metrics["kv.blocks_evicted"] == analysis.eviction_summary()["blocks_evicted"]
+    assert tracking.metrics["workflows_run"] == 2.0
+    assert tracking.artifacts == [n for n in files.ARTIFACTS if (run_dir / n).exists()]
+    assert files.SUMMARY_JSON in tracking.artifacts and files.REPORT_HTML in tracking.artifacts
+    assert tracking.finished == (2, "FINISHED")
+    assert (outcome.mlflow_run_id, outcome.error) == ("mlflow-run-1", None)
+    assert outcome.benchmark_run_id == analysis.benchmark_run_id == RUN
+
+
+def test_a_failed_run_expects_the_traces_of_the_workflows_it_started(
+    analysis: RunAnalysis,
+) -> None:
+    tracking = FakeTracking()
+    outcome = publish(analysis, tracking, WorkloadOutcome(), failure=KeyboardInterrupt(),  # type: ignore[arg-type]
+                      traces=True)  # fmt: skip
+    assert tracking.finished == (2, "FAILED")  # the table's two workflows
+    assert outcome.error == "KeyboardInterrupt"
+
+
+def test_unknown_workload_counts_are_left_out_not_zero(analysis: RunAnalysis) -> None:
+    metrics = run_metrics(analysis, WorkloadOutcome())
+    assert not {"workflows_run", "workflows_failed", "unparsed_verdicts"} & set(metrics)
+    assert metrics["reconcile.cached_tokens_total.difference"] == 0.0
