@@ -129,6 +129,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
         console.print(view)
     _print_kv(outcome)
     if a.provenance:
+        console.print("where each agent's prompt tokens came from (KV events):")
         console.print(rich_table(provenance_table(a)))
     if a.evictions is not None:
         if a.evictions.num_rows:
