@@ -1,30 +1,22 @@
 """The profiled client: one streamed OpenAI-compatible call -> one canonical RequestRecord.
 
-Timings follow the design note: TTFT from submission to the first content token, TPOT between
-first and last content token over (output_tokens - 1), e2e to the end of the stream. Usage comes
-from the final stream chunk; what the engine did not report stays None.
+Timings and usage are read as probe/measure.py defines them (TTFT, TPOT, e2e; usage from the final
+stream chunk); what the engine did not report stays None.
 """
 
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import openai
 
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
+from kvscope.probe.measure import CALL_ERRORS, Seen, failure, measured
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.records.requests import (
-    STATUS_ERROR,
-    STATUS_OK,
-    STATUS_TIMEOUT,
-    RequestRecord,
-    derived_cache,
-)
+from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 from kvscope.records.tokens import PromptTokenIds
 from kvscope.workload.runtime import CallIds, LlmCall, PromptInfo
 
@@ -39,17 +31,6 @@ class RunInfo:
     workflow_concurrency: int
     model_name: str
     chat_template_name: str | None
-
-
-@dataclass
-class _Stream:
-    first_token: float | None = None
-    last_token: float | None = None
-    content: str = ""
-    usage: dict[str, Any] | None = None
-    final: dict[str, Any] | None = None  # the usage chunk, with any engine extras
-    finish_reason: str | None = None
-    response_id: str | None = None
 
 
 class Probe:
@@ -80,7 +61,7 @@ class Probe:
         body, headers = self.engine.request_tags(request_uuid, ids.agent_id)
         if call.ignore_eos:
             body["ignore_eos"] = True
-        seen = _Stream()
+        seen = Seen()
         status, error_type, error_message = STATUS_OK, None, None
         start_ns = time.time_ns()
         t0 = time.perf_counter()
@@ -96,20 +77,12 @@ class Probe:
                 extra_headers=headers,
             )
             async for chunk in stream:
-                _take(seen, chunk.model_dump(), time.perf_counter())
+                seen.take_chunk(chunk.model_dump(), time.perf_counter())
             if seen.usage is None:
                 status, error_type = STATUS_ERROR, "incomplete_stream"
                 error_message = "the stream ended without a usage chunk"
-        except (openai.APITimeoutError, httpx.TimeoutException) as err:
-            status, error_type, error_message = STATUS_TIMEOUT, "timeout", str(err)
-        except openai.APIStatusError as err:
-            status, error_type = STATUS_ERROR, f"http_{err.status_code}"
-            error_message = _short(err.message)
-        except (openai.APIConnectionError, httpx.TransportError) as err:
-            status, error_type, error_message = STATUS_ERROR, "connection", _short(str(err))
-        except (json.JSONDecodeError, ValueError, KeyError, TypeError) as err:
-            status, error_type = STATUS_ERROR, "malformed_stream"
-            error_message = _short(f"{type(err).__name__}: {err}")
+        except CALL_ERRORS as err:
+            status, error_type, error_message = failure(err)
         t_end = time.perf_counter()
         record = self._record(ids, request_uuid, prompt, seen, t0, t_end, start_ns, call.tool_ms)
         record = with_server_timings(record, self.engine.server_timings(seen.final))
@@ -126,27 +99,16 @@ class Probe:
         ids: CallIds,
         request_uuid: str,
         prompt: PromptInfo,
-        s: _Stream,
+        seen: Seen,
         t0: float,
         t_end: float,
         start_ns: int,
         tool_ms: float | None,
     ) -> RequestRecord:
-        usage = s.usage or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        output_tokens = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        new_prefill, ratio = derived_cache(prompt_tokens, cached)
-        ttft = None if s.first_token is None else (s.first_token - t0) * 1000
-        tpot = None
-        if s.first_token is not None and s.last_token is not None and (output_tokens or 0) > 1:
-            tpot = (s.last_token - s.first_token) * 1000 / (output_tokens - 1)
         return RequestRecord(
             benchmark_run_id=ids.benchmark_run_id,
             experiment_name=self.run.experiment_name,
             configuration_hash=self.run.configuration_hash,
-            timestamp=datetime.fromtimestamp(start_ns / 1e9, UTC).isoformat(),
             thread_id=ids.thread_id,
             workflow_run_id=ids.workflow_run_id,
             workflow_type=self.run.workflow_type,
@@ -157,24 +119,13 @@ class Probe:
             graph_node=ids.graph_node,
             request_uuid=request_uuid,
             model_name=self.run.model_name,
-            sglang_response_id=s.response_id,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached,
-            new_prefill_tokens=new_prefill,
-            reported_cache_hit_ratio=ratio,
-            ttft_ms=ttft,
-            tpot_ms=tpot,
-            e2e_ms=(t_end - t0) * 1000,
             tool_ms=tool_ms,
             prompt_template_version=prompt.template_version,
             chat_template_name=self.run.chat_template_name,
             prompt_layout=prompt.layout,
             sharing_mode=prompt.sharing,
             status=STATUS_OK,
-            finish_reason=s.finish_reason,
-            start_ns=start_ns,
-            end_ns=start_ns + int((t_end - t0) * 1e9),
+            **measured(seen, t0, t_end, start_ns),
         )
 
     def _instrument(
@@ -201,23 +152,3 @@ class Probe:
 
     async def close(self) -> None:
         await self.client.close()
-
-
-def _take(s: _Stream, chunk: dict[str, Any], now: float) -> None:
-    s.response_id = s.response_id or chunk.get("id")
-    for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if delta.get("content"):
-            if s.first_token is None:
-                s.first_token = now
-            s.last_token = now
-            s.content += delta["content"]
-        if choice.get("finish_reason"):
-            s.finish_reason = choice["finish_reason"]
-    if chunk.get("usage"):
-        s.usage = chunk["usage"]
-        s.final = chunk
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -33,15 +33,15 @@ class RequestRecord:
     configuration_hash: str
     timestamp: str  # ISO 8601 UTC of request submission
     # workflow
-    thread_id: str
-    workflow_run_id: str
+    thread_id: str | None  # None: the app's invocation had no thread_id
+    workflow_run_id: str | None  # one graph invocation; None outside any graph
     workflow_type: str
     workflow_concurrency: int
-    turn_id: int
+    turn_id: int | None  # the agent's visit in its workflow run, from 1 (probe/identity.py)
     # agent
-    agent_id: str
+    agent_id: str | None  # None: a call no agent could be named for (still a row)
     previous_agent_id: str | None
-    graph_node: str
+    graph_node: str | None  # the node's full path from the root graph: `outer/inner`
     request_uuid: str
     # request
     model_name: str

@@ -1,0 +1,99 @@
+"""Who is calling: the identity of an LLM call, read from LangGraph's run context as it is made.
+
+`identify()` is called at the moment a request leaves (probe/intercept.py). It reads the running
+LangGraph node's config (langchain-core's context variable, set while a node and anything it calls
+run, in its thread or task) and the active RunTracker (probe/runs.py). The rules:
+
+- agent_id: `kvscope.agent(...)` if a block names one; else the top-level node's metadata
+  `{"kvscope": {"agent": ...}}`; else the top-level node: inside a subgraph or a prebuilt agent
+  (`create_react_agent`, supervisor / swarm patterns) the outer node the app named, not its inner
+  `agent` / `tools` node. Outside any graph and any `agent()` block: None (the call is still a row).
+- graph_node: the full node path from the root graph, `outer/inner` (`research/agent`).
+- thread_id: the invocation's `configurable.thread_id` (None if the app gave none).
+- workflow_run_id: the root run of the invocation (`graph.invoke(...)`, or the runnable the app
+  invoked around it): one id per invocation, the same for every call in it, subgraphs included.
+- step: the invocation's top-level superstep of the call (a subgraph's own steps do not count).
+- turn_id: how many distinct top-level supersteps of this invocation the agent has made calls in,
+  this one included, from 1: the k-th visit of the agent in the invocation, i.e. the loop
+  iteration (the PEER cycle for PEER's agents). Calls of one visit (a react agent's inner loop, or
+  Send branches of one node) share a turn. Conversation turns are invocations: `thread_turn`
+  numbers a thread's invocations, and across processes they are the thread's workflow_run_ids in
+  order of their first start_ns.
+- previous_agent_id: the agent of the latest call that happened before this one in the same
+  invocation: made at an earlier superstep, or earlier in the same top-level task. Parallel
+  branches (a `Send` fan-out) do not see each other, so each branch's previous agent is the
+  dispatcher; a react agent's second call follows its own first (a return to itself). None for an
+  invocation's first call, and outside a graph.
+- tool_ms: time spent in LangChain tools of the same top-level task since its previous LLM call.
+- annotations: `kvscope.annotate(...)` values over the node's `kvscope` metadata, by row column.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+from uuid import UUID
+
+from langchain_core.runnables.config import var_child_runnable_config
+
+from kvscope.probe import labels, runs
+
+
+@dataclass(frozen=True)
+class CallIdentity:
+    """The row's identity columns for one call (None: not known for this call)."""
+
+    agent_id: str | None = None
+    graph_node: str | None = None
+    thread_id: str | None = None
+    workflow_run_id: str | None = None
+    step: int | None = None
+    turn_id: int | None = None
+    previous_agent_id: str | None = None
+    tool_ms: float | None = None
+    thread_turn: int | None = None
+    annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def identify() -> CallIdentity:
+    """The identity of a call made now, in this thread or task; registers it with the active
+    tracker (so call it once per call, when the request is sent)."""
+    config = var_child_runnable_config.get() or {}
+    metadata: Mapping[str, Any] = config.get("metadata") or {}
+    node_meta = metadata.get(labels.METADATA_KEY)
+    node_meta = node_meta if isinstance(node_meta, Mapping) else {}
+    path = runs.node_path(metadata)
+    agent_id = labels.current_agent() or node_meta.get("agent") or (path[0] if path else None)
+    annotations = {k: v for k, v in node_meta.items() if k in labels.ANNOTATION_COLUMNS}
+    annotations |= labels.current_annotations()
+    columns = {labels.ANNOTATION_COLUMNS[k]: v for k, v in annotations.items()}
+    thread = (config.get("configurable") or {}).get("thread_id", metadata.get("thread_id"))
+    ident = CallIdentity(
+        agent_id=agent_id,
+        graph_node="/".join(path) or None,
+        thread_id=None if thread is None else str(thread),
+        annotations=MappingProxyType(columns),
+    )
+    tracker = runs.active()
+    if tracker is None or not path:
+        return ident
+    place = tracker.place(_current_run(config), metadata, agent_id)
+    if place is None:
+        return ident
+    return CallIdentity(
+        agent_id=agent_id,
+        graph_node=ident.graph_node,
+        thread_id=ident.thread_id,
+        workflow_run_id=place.workflow_run_id,
+        step=place.step,
+        turn_id=place.turn_id,
+        previous_agent_id=place.previous_agent_id,
+        tool_ms=place.tool_ms,
+        thread_turn=place.thread_turn,
+        annotations=ident.annotations,
+    )
+
+
+def _current_run(config: Mapping[str, Any]) -> UUID | None:
+    """The run whose code is running: the parent of whatever its callback manager starts."""
+    return getattr(config.get("callbacks"), "parent_run_id", None)

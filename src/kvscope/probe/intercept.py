@@ -1,0 +1,224 @@
+"""Every LLM call an unmodified app makes to the engine, as one request row.
+
+    with Interceptor(engine, base_url, ctx):   # ctx: probe/wire.CallContext (constants + sink)
+        app.invoke(...)                        # OpenAI SDK (sync / async, streamed or not),
+                                               # LangChain's ChatOpenAI, raw httpx / httpx2
+
+While an Interceptor is active, `send` of httpx's and httpx2's Client and AsyncClient (the OpenAI
+SDK >= 3 speaks httpx2, older ones httpx; ChatOpenAI goes through the SDK) is wrapped, for every
+client of the process, also ones made before. A POST to `<base_url>/v1/chat/completions` or
+`<base_url>/v1/completions` with a JSON body is a call: it is named (probe/identity.py), tagged
+and observed (probe/wire.py), and its row goes to `ctx.sink` when the app has read the reply to
+its end, closed it, or the call raised. Calls to anything else pass untouched. A failed call (HTTP
+error, connection error, timeout, stream cut off) is a row with status and error_type, and the
+app gets the same exception or reply it would have got.
+
+Interceptors nest and may be entered from several threads; the wrap is removed when the last one
+exits (and left as a pass-through if some other library wrapped `send` after kvscope). While it
+is active, LangGraph's runs are tracked (probe/runs.py) for identity.
+"""
+
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from kvscope.engines.base import Engine
+from kvscope.probe import runs
+from kvscope.probe.identity import identify
+from kvscope.probe.measure import HTTPX_LIBS
+from kvscope.probe.wire import CallContext, InFlight
+
+log = logging.getLogger(__name__)
+CALL_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+class Interceptor:
+    """Intercepts the calls to one engine while entered (a context manager, re-entrant)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        base_url: str,
+        ctx: CallContext,
+        on_tool: Callable[[runs.ToolCall], None] | None = None,
+    ) -> None:
+        self.engine, self.ctx, self.on_tool = engine, ctx, on_tool
+        self.base = base_url.rstrip("/")
+        if self.base.endswith("/v1"):
+            self.base = self.base[: -len("/v1")]
+        self._depth = 0
+
+    def matches(self, request: Any) -> bool:
+        if request.method != "POST":
+            return False
+        url = str(request.url.copy_with(query=None, fragment=None))
+        return any(url == self.base + path for path in CALL_PATHS)
+
+    def begin(self, request: Any) -> InFlight | None:
+        """The call a request starts, or None for one that is not a JSON call body."""
+        try:
+            body = json.loads(request.content)
+        except (ValueError, RuntimeError):  # RuntimeError: a streamed request body (unread)
+            return None
+        if not isinstance(body, dict):
+            return None
+        return InFlight(self.ctx, self.engine, body, identify())
+
+    def __enter__(self) -> "Interceptor":
+        with _LOCK:
+            if self._depth == 0:
+                runs.activate(self.on_tool)
+                _ACTIVE.append(self)
+                _install()
+            self._depth += 1
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with _LOCK:
+            self._depth -= 1
+            if self._depth == 0:
+                _ACTIVE.remove(self)
+                runs.deactivate()
+                if not _ACTIVE:
+                    _uninstall()
+
+
+_LOCK = threading.RLock()
+_ACTIVE: list[Interceptor] = []
+_ORIGINAL: dict[type, Callable[..., Any]] = {}  # client class -> its own send
+
+
+def _claim(request: Any) -> InFlight | None:
+    with _LOCK:
+        owner = next((i for i in reversed(_ACTIVE) if i.matches(request)), None)
+    if owner is None:
+        return None
+    try:
+        return owner.begin(request)
+    except Exception:  # never break the app's call for kvscope's sake
+        log.exception("kvscope: could not intercept a call; it goes out untouched")
+        return None
+
+
+def _rebuilt(lib: Any, request: Any, call: InFlight) -> Any:
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
+    have = {k.lower() for k, _ in headers}
+    headers += [(k, v) for k, v in call.headers.items() if k.lower() not in have]
+    return lib.Request(
+        request.method,
+        request.url,
+        headers=headers,
+        content=call.content(),
+        extensions=request.extensions,
+    )
+
+
+def _observe(lib: Any, response: Any, call: InFlight) -> None:
+    call.replied(response.status_code, response.headers)
+    try:
+        content = response.content  # read already: an in-memory reply (a mock transport)
+    except lib.ResponseNotRead:
+        response.stream = _stream_class(lib)(response.stream, call)
+        return
+    now = time.perf_counter()
+    seen = call.feed(content, now) + call.flush(now)
+    if seen != content:
+        response._content = seen  # what the app reads: without the usage chunk kvscope added
+    call.finish()
+
+
+def _sync_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    def send(self: Any, request: Any, *, stream: bool = False, **kw: Any) -> Any:
+        call = _claim(request)
+        if call is None:
+            return original(self, request, stream=stream, **kw)
+        with call.sending():
+            response = original(self, _rebuilt(lib, request, call), stream=True, **kw)
+        _observe(lib, response, call)
+        if not stream:
+            try:
+                response.read()
+            except BaseException:
+                response.close()
+                raise
+        return response
+
+    send.__kvscope__ = True  # type: ignore[attr-defined]
+    return send
+
+
+def _async_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    async def send(self: Any, request: Any, *, stream: bool = False, **kw: Any) -> Any:
+        call = _claim(request)
+        if call is None:
+            return await original(self, request, stream=stream, **kw)
+        with call.sending():
+            response = await original(self, _rebuilt(lib, request, call), stream=True, **kw)
+        _observe(lib, response, call)
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
+
+    send.__kvscope__ = True  # type: ignore[attr-defined]
+    return send
+
+
+def _install() -> None:
+    for lib in HTTPX_LIBS:
+        for cls, make in ((lib.Client, _sync_send), (lib.AsyncClient, _async_send)):
+            if cls in _ORIGINAL:
+                continue  # still wrapped (left as a pass-through by an earlier uninstall)
+            _ORIGINAL[cls] = cls.send
+            cls.send = make(lib, cls.send)
+
+
+def _uninstall() -> None:
+    for cls, original in list(_ORIGINAL.items()):
+        if getattr(cls.send, "__kvscope__", False):
+            cls.send = original
+            del _ORIGINAL[cls]
+        # else: someone wrapped kvscope's wrapper; it stays, passing calls through
+
+
+_STREAM_CLASSES: dict[Any, type] = {}
+
+
+def _stream_class(lib: Any) -> type:
+    """A byte stream of `lib` (sync and async) reading the reply through its call as the app
+    reads it."""
+    if lib in _STREAM_CLASSES:
+        return _STREAM_CLASSES[lib]
+
+    class Observed(lib.SyncByteStream, lib.AsyncByteStream):  # type: ignore[misc,name-defined]
+        def __init__(self, inner: Any, call: InFlight) -> None:
+            self.inner, self.call = inner, call
+
+        def __iter__(self) -> Iterator[bytes]:
+            with self.call.reading():
+                for chunk in self.inner:
+                    yield self.call.feed(chunk, time.perf_counter())
+                yield self.call.flush(time.perf_counter())
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            with self.call.reading():
+                async for chunk in self.inner:
+                    yield self.call.feed(chunk, time.perf_counter())
+                yield self.call.flush(time.perf_counter())
+
+        def close(self) -> None:
+            with self.call.closing():
+                self.inner.close()
+
+        async def aclose(self) -> None:
+            with self.call.closing():
+                await self.inner.aclose()
+
+    _STREAM_CLASSES[lib] = Observed
+    return Observed

@@ -1,0 +1,266 @@
+"""LangGraph's runs as they happen, seen through langchain-core's callbacks, for naming calls.
+
+`RunTracker` is a callback handler that langchain-core adds to every run's callback manager while
+it is active (`register_configure_hook`, the way LangSmith and MLflow attach). It keeps, for the
+runs in flight, each run's parent and root, and per invocation (a root run: `graph.invoke(...)`,
+or whatever runnable the app invoked around it) the LLM calls made so far, the supersteps of its
+top-level tasks and the tool time not yet charged to a call. Runs are forgotten when they end,
+invocations when their root ends.
+
+Activation is process-wide (`activate()` / `deactivate()`), not a context variable: an app may
+invoke its graphs from threads it started before profiling began, which a context variable would
+not reach. The rules a call is named by are in probe/identity.py.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.tracers.context import register_configure_hook
+
+NS_SEP, NS_END = "|", ":"  # LangGraph's checkpoint namespace: `outer:<task>|inner:<task>`
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One LangChain tool run: a tool span of the workflow, its time charged as `tool_ms` to the
+    next LLM call of the same top-level task."""
+
+    name: str
+    workflow_run_id: str | None
+    graph_node: str | None
+    start_ns: int
+    end_ns: int
+    error: str | None  # the exception's type name if the tool raised
+
+
+@dataclass(frozen=True)
+class CallPlace:
+    """Where an LLM call sits in its invocation, as the tracker ordered it."""
+
+    workflow_run_id: str
+    step: int | None  # the invocation's top-level superstep
+    turn_id: int | None
+    previous_agent_id: str | None
+    tool_ms: float | None
+    thread_turn: int  # this invocation's ordinal among its thread's invocations seen, from 1
+
+
+@dataclass
+class _Run:
+    parent: UUID | None
+    root: UUID
+    metadata: Mapping[str, Any]
+    tool_name: str | None = None
+    start_ns: int = 0
+
+
+@dataclass
+class _Call:
+    step: int | None
+    task: str | None
+    agent: str | None
+
+
+@dataclass
+class _Invocation:
+    thread_turn: int
+    calls: list[_Call] = field(default_factory=list)
+    task_steps: dict[str, int] = field(default_factory=dict)  # top-level task -> its superstep
+    agent_steps: dict[str, set[int]] = field(default_factory=dict)
+    tool_ms: dict[str | None, float] = field(default_factory=dict)  # task -> uncharged tool time
+
+
+def outer_task(metadata: Mapping[str, Any]) -> str | None:
+    """The top-level task (`node:<task id>`) a run belongs to, from its checkpoint namespace."""
+    ns = metadata.get("langgraph_checkpoint_ns")
+    return ns.split(NS_SEP)[0] if isinstance(ns, str) and ns else None
+
+
+def node_path(metadata: Mapping[str, Any]) -> list[str]:
+    """The node names from the root graph down to the running node: ["outer", "inner"]."""
+    ns = metadata.get("langgraph_checkpoint_ns")
+    if isinstance(ns, str) and ns:
+        return [part.split(NS_END)[0] for part in ns.split(NS_SEP)]
+    node = metadata.get("langgraph_node")
+    return [node] if isinstance(node, str) else []
+
+
+class RunTracker(BaseCallbackHandler):
+    """Callback handler keeping the run tree and each invocation's calls; thread-safe."""
+
+    run_inline = True  # called in the caller's thread/task: a run is known before its code runs
+    raise_error = False
+
+    def __init__(self, on_tool: Callable[[ToolCall], None] | None = None) -> None:
+        self.on_tool = on_tool
+        self._lock = threading.Lock()
+        self._runs: dict[UUID, _Run] = {}
+        self._invocations: dict[UUID, _Invocation] = {}
+        self._thread_turns: dict[str, int] = {}
+
+    # --- callbacks -------------------------------------------------------------------------
+    def on_chain_start(self, serialized: Any, inputs: Any, **kw: Any) -> None:
+        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"))
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kw: Any) -> None:
+        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"))
+
+    def on_llm_start(self, serialized: Any, prompts: Any, **kw: Any) -> None:
+        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"))
+
+    def on_tool_start(self, serialized: Any, input_str: Any, **kw: Any) -> None:
+        name = (serialized or {}).get("name") or kw.get("name") or "tool"
+        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"), tool=name)
+
+    def on_chain_end(self, outputs: Any, **kw: Any) -> None:
+        self._end(kw["run_id"])
+
+    def on_chain_error(self, error: BaseException, **kw: Any) -> None:
+        self._end(kw["run_id"])
+
+    def on_llm_end(self, response: Any, **kw: Any) -> None:
+        self._end(kw["run_id"])
+
+    def on_llm_error(self, error: BaseException, **kw: Any) -> None:
+        self._end(kw["run_id"])
+
+    def on_tool_end(self, output: Any, **kw: Any) -> None:
+        self._end(kw["run_id"], tool_error=None)
+
+    def on_tool_error(self, error: BaseException, **kw: Any) -> None:
+        self._end(kw["run_id"], tool_error=type(error).__name__)
+
+    # --- queries ---------------------------------------------------------------------------
+    def place(
+        self, run_id: UUID | None, metadata: Mapping[str, Any], agent_id: str | None
+    ) -> CallPlace | None:
+        """Register an LLM call made inside run `run_id` (with the node's `metadata`) by
+        `agent_id`, and say where it sits; None when the run is not one the tracker saw."""
+        with self._lock:
+            run = self._runs.get(run_id) if run_id is not None else None
+            if run is None or run.root not in self._invocations:
+                return None
+            inv = self._invocations[run.root]
+            task = outer_task(metadata)
+            step = inv.task_steps.get(task) if task else None
+            if step is None and task and NS_SEP not in metadata["langgraph_checkpoint_ns"]:
+                step = metadata.get("langgraph_step")
+            previous = _previous(inv.calls, step, task)
+            turn = None
+            if agent_id is not None and step is not None:
+                steps = inv.agent_steps.setdefault(agent_id, set())
+                steps.add(step)
+                turn = len(steps)
+            inv.calls.append(_Call(step, task, agent_id))
+            tool_ms = inv.tool_ms.pop(task, None)
+            return CallPlace(str(run.root), step, turn, previous, tool_ms, inv.thread_turn)
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def _start(
+        self,
+        run_id: UUID,
+        parent: UUID | None,
+        metadata: Mapping[str, Any] | None,
+        tool: str | None = None,
+    ) -> None:
+        md = metadata or {}
+        with self._lock:
+            up = self._runs.get(parent) if parent is not None else None
+            root = up.root if up is not None else run_id
+            self._runs[run_id] = _Run(parent, root, md, tool, time.time_ns() if tool else 0)
+            if parent is None:
+                thread = md.get("thread_id")
+                turn = 1
+                if thread is not None:
+                    turn = self._thread_turns[str(thread)] = (
+                        self._thread_turns.get(str(thread), 0) + 1
+                    )
+                self._invocations[run_id] = _Invocation(turn)
+            inv = self._invocations.get(root)
+            task = outer_task(md)
+            ns = md.get("langgraph_checkpoint_ns")
+            if inv is not None and task and ns == task and "langgraph_step" in md:
+                inv.task_steps.setdefault(task, md["langgraph_step"])
+
+    def _end(self, run_id: UUID, tool_error: str | None = None) -> None:
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+            if run is None:
+                return
+            if run.parent is None:
+                self._invocations.pop(run_id, None)
+            if run.tool_name is None:
+                return
+            end_ns = time.time_ns()
+            inv = self._invocations.get(run.root)
+            task = outer_task(run.metadata)
+            if inv is not None:
+                ms = (end_ns - run.start_ns) / 1e6
+                inv.tool_ms[task] = inv.tool_ms.get(task, 0.0) + ms
+        if self.on_tool is not None:
+            path = node_path(run.metadata)
+            workflow = str(run.root) if inv is not None and run.root != run_id else None
+            self.on_tool(
+                ToolCall(
+                    run.tool_name,
+                    workflow,
+                    "/".join(path) or None,
+                    run.start_ns,
+                    end_ns,
+                    tool_error,
+                )
+            )
+
+
+def _previous(calls: list[_Call], step: int | None, task: str | None) -> str | None:
+    """The agent of the latest call that happened before a call at (`step`, `task`): one made at
+    an earlier superstep, or earlier in the same top-level task. Calls of other tasks of the same
+    superstep (parallel branches) do not count. Without a step, the latest call in time."""
+    for call in reversed(calls):
+        if step is None or call.step is None:
+            return call.agent
+        if call.step < step or (call.step == step and call.task == task):
+            return call.agent
+    return None
+
+
+class _Slot:
+    """The active tracker, process-wide. langchain-core's configure hook only calls `.get()`."""
+
+    def __init__(self) -> None:
+        self.tracker: RunTracker | None = None
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def get(self) -> RunTracker | None:
+        return self.tracker
+
+
+_SLOT = _Slot()
+register_configure_hook(cast(Any, _SLOT), inheritable=True)
+
+
+def activate(on_tool: Callable[[ToolCall], None] | None = None) -> RunTracker:
+    """Attach the process's tracker to every LangChain run from now on (re-entrant: each
+    activate() needs its deactivate(); the first one's `on_tool` is kept)."""
+    with _SLOT.lock:
+        if _SLOT.tracker is None:
+            _SLOT.tracker = RunTracker(on_tool)
+        _SLOT.users += 1
+        return _SLOT.tracker
+
+
+def deactivate() -> None:
+    with _SLOT.lock:
+        _SLOT.users = max(_SLOT.users - 1, 0)
+        if _SLOT.users == 0:
+            _SLOT.tracker = None
+
+
+def active() -> RunTracker | None:
+    return _SLOT.get()

@@ -1,0 +1,239 @@
+"""One intercepted call on the wire: the request as sent, the reply as the app reads it, its row.
+
+What changes on the wire, and what the app sees of it:
+
+- the engine tags (`Engine.request_tags`: the request id as vLLM `request_id` / SGLang `rid`,
+  `session_id`, SGLang's agent label header) are added to the JSON body and headers; a field or
+  header the app set itself is left as the app set it (its value then reaches the engine instead
+  of kvscope's, and joins by request_uuid may miss that row). No label header for a call with no
+  agent. The body is re-serialized (same JSON, possibly other whitespace).
+- a streamed call without `stream_options.include_usage: true` gets it, and the usage-only chunk
+  (no choices) that it brings is removed from the stream before the app reads it: the app reads
+  the engine's other bytes unchanged, re-chunked at event boundaries. A stream the app asked usage
+  for is passed through byte for byte.
+- nothing else: non-streamed replies and error replies reach the app as the engine sent them.
+
+The reply is read as the app reads it (TTFT and TPOT are on the app's clock); a compressed reply
+(Content-Encoding) is passed through but not parsed: its usage stays None.
+"""
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvscope.collect.context import with_server_timings
+from kvscope.engines.base import Engine
+from kvscope.probe.identity import CallIdentity
+from kvscope.probe.measure import Seen, failure, measured, short
+from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Per-run constants of the rows, and where they go."""
+
+    benchmark_run_id: str
+    experiment_name: str
+    configuration_hash: str
+    workflow_type: str
+    workflow_concurrency: int
+    model_name: str  # used when the request names no model
+    chat_template_name: str | None
+    sink: Callable[[RequestRecord], None]
+    # Phase 7 columns computed from the request body (e.g. with the model's tokenizer)
+    instrument: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None
+
+
+class InFlight:
+    """A call from its request to the end of its reply; `finish` emits its one row, once."""
+
+    def __init__(
+        self, ctx: CallContext, engine: Engine, body: dict[str, Any], ident: CallIdentity
+    ) -> None:
+        self.ctx, self.engine, self.ident = ctx, engine, ident
+        self.request_uuid = str(uuid.uuid4())
+        tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
+        if ident.agent_id is None:
+            self.headers = {}
+        self.body = {**tags, **body}
+        self.streaming = bool(body.get("stream"))
+        options = body.get("stream_options") or {}
+        self.strip = self.streaming and not options.get("include_usage")
+        if self.strip:
+            self.body["stream_options"] = {**options, "include_usage": True}
+        self.seen = Seen()
+        self.status_code: int | None = None
+        self.sse = False
+        self.parse = True
+        self.buffer = b""
+        self.problem: tuple[str, str, str] | None = None  # (status, error_type, message)
+        self.done = False
+        self.start_ns = time.time_ns()
+        self.t0 = time.perf_counter()
+
+    def content(self) -> bytes:
+        return json.dumps(self.body, ensure_ascii=False).encode()
+
+    def replied(self, status_code: int, headers: Mapping[str, str]) -> None:
+        """The reply's status line and headers arrived."""
+        self.status_code = status_code
+        self.sse = status_code < 400 and "text/event-stream" in headers.get("content-type", "")
+        self.parse = headers.get("content-encoding", "identity") in ("", "identity")
+        self.strip = self.strip and self.sse and self.parse
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Bytes of the reply as the app reads them -> the bytes the app gets."""
+        if not self.parse:
+            return chunk
+        self.buffer += chunk
+        if not self.sse:
+            return chunk
+        out, start = [], 0
+        for end in _EVENT_END.finditer(self.buffer):
+            event = self.buffer[start : end.end()]
+            start = end.end()
+            if self._event(event, now) or not self.strip:
+                out.append(event)
+        self.buffer = self.buffer[start:]
+        return chunk if not self.strip else b"".join(out)
+
+    def flush(self, now: float) -> bytes:
+        """The end of the reply: what was held back of an unterminated last event."""
+        if not (self.sse and self.parse) or not self.buffer.strip():
+            return b""
+        tail, self.buffer = self.buffer, b""
+        keep = self._event(tail, now)
+        return tail if (keep and self.strip) else b""
+
+    def _event(self, event: bytes, now: float) -> bool:
+        """Read one SSE event; False if it is the usage chunk kvscope asked for (to drop)."""
+        data = b"\n".join(
+            line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
+        )
+        if not data or data.strip() == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(data)
+            self.seen.take_chunk(chunk, now)
+        except (ValueError, TypeError, AttributeError) as err:
+            self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
+            return True
+        return not (self.strip and isinstance(chunk, dict) and not chunk.get("choices"))
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around the app's reading of the reply: its end, the app leaving early, or a failure
+        ends the call."""
+        try:
+            yield
+        except GeneratorExit:
+            self.finish(early=True)
+            raise
+        except BaseException as err:
+            self.fail(err)
+            raise
+        self.finish()
+
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around sending the request: a failure before the reply (connection, timeout) ends the
+        call."""
+        try:
+            yield
+        except BaseException as err:
+            self.fail(err)
+            raise
+
+    @contextmanager
+    def closing(self) -> Iterator[None]:
+        """Around closing the reply: closed before its end, the call ends there."""
+        try:
+            yield
+        finally:
+            self.finish(early=True)
+
+    def fail(self, err: BaseException) -> None:
+        """The call raised (connection, timeout, a stream cut off): a row with its failure."""
+        self.finish(failure(err))
+
+    def finish(self, problem: tuple[str, str, str] | None = None, early: bool = False) -> None:
+        if self.done:
+            return
+        self.done = True
+        t_end = time.perf_counter()
+        problem = problem or self.problem or self._reply_problem(early)
+        record = self._record(t_end)
+        if problem is not None:
+            status, error_type, message = problem
+            record = replace(record, status=status, error_type=error_type, error_message=message)
+        try:
+            self.ctx.sink(record)
+        except Exception:  # the app's call is not kvscope's to break
+            log.exception("kvscope: the request row could not be written")
+
+    def _reply_problem(self, early: bool) -> tuple[str, str, str] | None:
+        code = self.status_code
+        if code is not None and code >= 400:
+            return STATUS_ERROR, f"http_{code}", short(_error_message(self.buffer))
+        if not self.parse:
+            return None
+        if not self.sse:
+            try:
+                self.seen.take_reply(json.loads(self.buffer))
+            except (ValueError, TypeError, AttributeError) as err:
+                return failure(ValueError(f"{type(err).__name__}: {err}"))
+        if self.seen.usage is None:
+            why = "the app closed the stream before its end" if early else "no usage reported"
+            return STATUS_ERROR, "incomplete_stream", why
+        return None
+
+    def _record(self, t_end: float) -> RequestRecord:
+        ctx, ident, body = self.ctx, self.ident, self.body
+        model = body.get("model")
+        record = RequestRecord(
+            benchmark_run_id=ctx.benchmark_run_id,
+            experiment_name=ctx.experiment_name,
+            configuration_hash=ctx.configuration_hash,
+            thread_id=ident.thread_id,
+            workflow_run_id=ident.workflow_run_id,
+            workflow_type=ctx.workflow_type,
+            workflow_concurrency=ctx.workflow_concurrency,
+            turn_id=ident.turn_id,
+            agent_id=ident.agent_id,
+            previous_agent_id=ident.previous_agent_id,
+            graph_node=ident.graph_node,
+            request_uuid=self.request_uuid,
+            model_name=model if isinstance(model, str) else ctx.model_name,
+            tool_ms=ident.tool_ms,
+            prompt_template_version=None,
+            chat_template_name=ctx.chat_template_name,
+            prompt_layout=None,
+            sharing_mode=None,
+            status=STATUS_OK,
+            **measured(self.seen, self.t0, t_end, self.start_ns),
+        )
+        if self.sse and self.seen.first_token is None:
+            record = replace(record, ttft_ms=None)
+        if not self.streaming:
+            record = replace(record, ttft_ms=None, tpot_ms=None)
+        record = with_server_timings(record, self.engine.server_timings(self.seen.final))
+        extra = dict(ctx.instrument(body, self.request_uuid)) if ctx.instrument else {}
+        return replace(record, **(extra | dict(ident.annotations)))
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        error = json.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        return str(message or body.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace") or "no body"
