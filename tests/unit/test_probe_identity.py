@@ -72,6 +72,17 @@ class Loop(TypedDict):
     n: int
 
 
+def planner_executor_loop(planner: Any, executor: Any) -> Any:
+    """Planner -> Executor -> Planner ... until the planner has run twice (sync or async nodes)."""
+    g = StateGraph(Loop)
+    g.add_node("planner", planner)
+    g.add_node("executor", executor)
+    g.add_edge(START, "planner")
+    g.add_edge("planner", "executor")
+    g.add_conditional_edges("executor", lambda s: END if s["n"] >= 2 else "planner")
+    return g.compile()
+
+
 def test_two_nodes_in_a_loop_turns_and_previous_agents(engine: Engine, rows: list) -> None:
     model = llm(engine)
 
@@ -83,13 +94,7 @@ def test_two_nodes_in_a_loop_turns_and_previous_agents(engine: Engine, rows: lis
         model.invoke("do")
         return {}
 
-    g = StateGraph(Loop)
-    g.add_node("planner", planner)
-    g.add_node("executor", executor)
-    g.add_edge(START, "planner")
-    g.add_edge("planner", "executor")
-    g.add_conditional_edges("executor", lambda s: END if s["n"] >= 2 else "planner")
-    app = g.compile()
+    app = planner_executor_loop(planner, executor)
     with profiled(rows):
         app.invoke({"n": 0}, {"configurable": {"thread_id": "t-1"}})
         app.invoke({"n": 1}, {"configurable": {"thread_id": "t-1"}})
@@ -268,13 +273,7 @@ def test_concurrent_async_invocations_keep_their_own_identity(engine: Engine, ro
             pass
         return {}
 
-    g = StateGraph(Loop)
-    g.add_node("planner", planner)
-    g.add_node("executor", executor)
-    g.add_edge(START, "planner")
-    g.add_edge("planner", "executor")
-    g.add_conditional_edges("executor", lambda s: END if s["n"] >= 2 else "planner")
-    app = g.compile()
+    app = planner_executor_loop(planner, executor)
 
     async def both() -> None:
         await asyncio.gather(
