@@ -8,6 +8,11 @@ runs. Every model call made through `session.probe` becomes a row of the request
 What to do with the run directory afterwards is not the session's business: finalize, analyze
 and publish read only the directory. A failure while the session opens closes what was opened
 already; `measuring` says whether anything was (an MLflow run and streams to keep).
+
+An app's own calls are captured with `session.intercept()` (probe/intercept.py: every call the
+process makes to the engine, through the OpenAI SDK, ChatOpenAI or httpx, is a row); a program
+in another process gets the same through `session.child_env()` (probe/child.py), its streams
+written beside the session's and merged on close.
 """
 
 import json
@@ -29,16 +34,18 @@ from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache, running
 from kvscope.errors import EngineError
-from kvscope.probe.client import Probe, RunInfo
+from kvscope.probe import child
+from kvscope.probe import client as legacy
+from kvscope.probe.intercept import Interceptor
 from kvscope.probe.params import mlflow_params
+from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.tracing import TrackingRun
+from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records import run_dir as files
-from kvscope.records.base import JsonlWriter
 from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET
-from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
-from kvscope.records.tokens import TOKENS_JSONL, PromptTokenIds
+from kvscope.records.requests import RequestRecord
 
 
 @dataclass
@@ -64,10 +71,13 @@ class CaptureSession:
         self.engine: Engine = make_engine(cfg.engine)
         self.tracking: TrackingRun | None = None  # set once the MLflow run is open
         self._stack = ExitStack()
-        self._requests: JsonlWriter[RequestRecord] | None = None
+        self._streams: CallStreams | None = None
+        self._context: CallContext | None = None
+        self.base_url: str | None = None  # the engine's OpenAI base URL (`.../v1`), once open
+        self.model: str | None = None  # the served model name, once open
         self._scraper: MetricsScraper | None = None
         self._listener: KvEventListener | None = None
-        self._probe: Probe | None = None
+        self._probe: legacy.Probe | None = None
         self._closed = False
 
     @property
@@ -76,11 +86,31 @@ class CaptureSession:
         return self.tracking is not None
 
     @property
-    def probe(self) -> Probe:
+    def probe(self) -> legacy.Probe:
         """The profiled client: each call through it is one row of the request stream."""
         if self._probe is None:
             raise RuntimeError("the capture session is not open")
         return self._probe
+
+    @property
+    def context(self) -> CallContext:
+        """The rows' constants and where they go: what an Interceptor of this session uses."""
+        if self._context is None:
+            raise RuntimeError("the capture session is not open")
+        return self._context
+
+    def intercept(self) -> Interceptor:
+        """Capture this process's calls to the engine while the returned context is entered."""
+        assert self._streams is not None and self.base_url is not None
+        return Interceptor(self.engine, self.base_url, self.context, on_tool=self._streams.tool)
+
+    def child_env(self) -> dict[str, str]:
+        """Environment additions that make a Python program capture its calls into this session
+        (probe/child.py) and find the engine (OPENAI_BASE_URL, OPENAI_API_KEY, KVSCOPE_MODEL)."""
+        assert self.base_url is not None and self.model is not None and self.tracking is not None
+        model_dir = self.engine.model_facts().get("path")
+        spec = child.ChildSpec.of(self.context, self.cfg, self.run_dir, self.base_url, model_dir)
+        return child.environment(spec, self.model, self.tracking.tracking_uri)
 
     def open(self) -> "CaptureSession":
         try:
@@ -107,28 +137,29 @@ class CaptureSession:
         self.tracking.start(
             self.run_id, params, {"benchmark_run_id": self.run_id, "engine": self.engine.name}
         )
-        self._requests = JsonlWriter(run_dir / REQUESTS_JSONL)
         chat = _chat_tokenizer(self.engine)
-        tokens: JsonlWriter[PromptTokenIds] | None = (
-            JsonlWriter(run_dir / TOKENS_JSONL) if chat else None
-        )
-        if tokens is not None:
-            self._stack.callback(tokens.close)
-        self._probe = Probe(
+        self.base_url, self.model = handle.endpoints.base_url + "/v1", caps.models[0]
+        self._streams = CallStreams(run_dir, tokens=chat is not None, payloads=cfg.tracking.traces)
+        self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
+        self._streams.on_row = self._on_row
+        info = self._run_info(caps, env)
+        self._probe = legacy.Probe(
             self.engine,
             handle.endpoints.base_url,
-            self._run_info(caps, env),
+            legacy.RunInfo(**{k: v for k, v in info.to_dict().items() if k != "benchmark_run_id"}),
             timeout_s=cfg.workload.request_timeout_s,
-            sink=self._row,
+            sink=self._streams.row,
             tokens=chat,
-            token_sink=tokens.append if tokens else None,
+            token_sink=self._streams.token,
             store_prompts=cfg.workload.store_prompts,
         )
         self._start_collectors(caps, handle)
 
-    def _row(self, record: RequestRecord) -> None:
-        assert self._requests is not None
-        self._requests.append(record)
+    @property
+    def _store_prompts(self) -> bool:
+        return self.cfg.app.store_prompts if self.cfg.app else self.cfg.workload.store_prompts
+
+    def _on_row(self, record: RequestRecord) -> None:
         self.hooks.on_call()
 
     def _start_collectors(self, caps: Capabilities, handle: RunningEngine) -> None:
@@ -157,8 +188,8 @@ class CaptureSession:
             return
         self._closed = True
         try:
-            if self._requests is not None:
-                self._requests.close()
+            if self._streams is not None:
+                self._streams.close()  # and the rows of programs it ran (child_env), merged
             if self._scraper is not None:
                 self._scraper.stop()
                 self._scraper.write(self.run_dir / METRICS_PARQUET)
@@ -194,11 +225,13 @@ class CaptureSession:
 
     def _run_info(self, caps: Capabilities, env: dict[str, Any]) -> RunInfo:
         digest = env.get("model", {}).get("chat_template_sha256")
+        app = self.cfg.app
         return RunInfo(
+            benchmark_run_id=self.run_id,
             experiment_name=self.cfg.tracking.experiment,
             configuration_hash=config_hash(self.cfg),
-            workflow_type=self.cfg.workload.workflow,
-            workflow_concurrency=self.cfg.workload.concurrency,
+            workflow_type=app.workflow_type if app else self.cfg.workload.workflow,
+            workflow_concurrency=None if app else self.cfg.workload.concurrency,
             model_name=caps.models[0],
             chat_template_name=f"sha256:{digest[:12]}" if digest else None,
         )

@@ -144,6 +144,19 @@ _NOT_ROLE_FIRST = {
 }
 
 
+class AppConfig(BaseModel):
+    """A program of the user's own, profiled as it runs (`kvscope profile`, `kvscope.profile()`):
+    its model calls are the workload, so the `workload` section does not apply."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: tuple[str, ...] = Field((), description="The program's argv; () = this process.")
+    workflow_type: str = Field("app", description="The rows' workflow_type.")
+    store_prompts: bool = Field(
+        False, description="Keep each call's raw messages and serialized prompt text (opt-in)."
+    )
+
+
 class TrackingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -161,6 +174,7 @@ class ExperimentConfig(BaseModel):
     engine: EngineConfig = EngineConfig()
     workload: WorkloadConfig = WorkloadConfig()
     tracking: TrackingConfig = TrackingConfig()
+    app: AppConfig | None = Field(None, description="Set: profile this program, not `workload`.")
     runs_dir: Path = Path("runs")
     # The design note suggests 250 ms; a busy 2-core machine stalls the engine's /metrics for
     # half a second at times, so runs sample at 200 ms to keep >= 4 real samples per second.

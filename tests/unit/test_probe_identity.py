@@ -20,9 +20,9 @@ import kvscope
 from kvscope.config import EngineConfig
 from kvscope.engines.vllm import VllmEngine
 from kvscope.probe.intercept import Interceptor
-from kvscope.probe.runs import ToolCall
 from kvscope.probe.wire import CallContext
 from kvscope.records.requests import RequestRecord
+from kvscope.records.tools import ToolCall
 
 BASE = "http://engine:8000"
 

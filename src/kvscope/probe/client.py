@@ -28,7 +28,7 @@ class RunInfo:
     experiment_name: str
     configuration_hash: str
     workflow_type: str
-    workflow_concurrency: int
+    workflow_concurrency: int | None
     model_name: str
     chat_template_name: str | None
 

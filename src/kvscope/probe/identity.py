@@ -53,6 +53,7 @@ class CallIdentity:
     tool_ms: float | None = None
     thread_turn: int | None = None
     annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    hints: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # fixed_messages
 
 
 def identify() -> CallIdentity:
@@ -64,15 +65,22 @@ def identify() -> CallIdentity:
     node_meta = node_meta if isinstance(node_meta, Mapping) else {}
     path = runs.node_path(metadata)
     agent_id = labels.current_agent() or node_meta.get("agent") or (path[0] if path else None)
-    annotations = {k: v for k, v in node_meta.items() if k in labels.ANNOTATION_COLUMNS}
+    known = (*labels.ANNOTATION_COLUMNS, *labels.PROMPT_HINTS)
+    annotations = {k: v for k, v in node_meta.items() if k in known}
     annotations |= labels.current_annotations()
-    columns = {labels.ANNOTATION_COLUMNS[k]: v for k, v in annotations.items()}
+    columns = {
+        labels.ANNOTATION_COLUMNS[k]: v
+        for k, v in annotations.items()
+        if k in labels.ANNOTATION_COLUMNS
+    }
+    hints = {k: v for k, v in annotations.items() if k in labels.PROMPT_HINTS}
     thread = (config.get("configurable") or {}).get("thread_id", metadata.get("thread_id"))
     ident = CallIdentity(
         agent_id=agent_id,
         graph_node="/".join(path) or None,
         thread_id=None if thread is None else str(thread),
         annotations=MappingProxyType(columns),
+        hints=MappingProxyType(hints),
     )
     tracker = runs.active()
     if tracker is None or not path:
@@ -91,6 +99,7 @@ def identify() -> CallIdentity:
         tool_ms=place.tool_ms,
         thread_turn=place.thread_turn,
         annotations=ident.annotations,
+        hints=ident.hints,
     )
 
 

@@ -30,6 +30,7 @@ from kvscope.probe import runs
 from kvscope.probe.identity import identify
 from kvscope.probe.measure import HTTPX_LIBS
 from kvscope.probe.wire import CallContext, InFlight
+from kvscope.records.tools import ToolCall
 
 log = logging.getLogger(__name__)
 CALL_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -43,7 +44,7 @@ class Interceptor:
         engine: Engine,
         base_url: str,
         ctx: CallContext,
-        on_tool: Callable[[runs.ToolCall], None] | None = None,
+        on_tool: Callable[[ToolCall], None] | None = None,
     ) -> None:
         self.engine, self.ctx, self.on_tool = engine, ctx, on_tool
         self.base = base_url.rstrip("/")

@@ -27,6 +27,10 @@ ANNOTATION_COLUMNS: Mapping[str, str] = MappingProxyType(
         "fixed_prefix_tokens": "fixed_prefix_tokens",
     }
 )
+# annotate()'s keys that are not columns but tell kvscope how to read the prompt
+PROMPT_HINTS: tuple[str, ...] = (
+    "fixed_messages",  # how many leading messages are the fixed part (-> fixed_prefix_tokens)
+)
 METADATA_KEY = "kvscope"  # node metadata: {"kvscope": {"agent": ..., <annotate keys>...}}
 
 _AGENT: ContextVar[str | None] = ContextVar("kvscope_agent", default=None)
@@ -50,8 +54,10 @@ def agent(agent_id: str) -> Iterator[None]:
 @contextmanager
 def annotate(**values: Any) -> Iterator[None]:
     """Fill prompt-instrumentation columns of every call inside the block: prompt_template_version,
-    layout (-> prompt_layout), sharing (-> sharing_mode), fixed_prefix_tokens. Unknown keys are
-    refused (ValueError), so that a typo does not pass silently."""
+    layout (-> prompt_layout), sharing (-> sharing_mode), fixed_prefix_tokens; or say how to
+    read its prompt: fixed_messages (the leading messages that are the fixed part; kvscope counts
+    their tokens into fixed_prefix_tokens). Unknown keys are refused (ValueError), so that a typo
+    does not pass silently."""
     check_annotations(values)
     token = _ANNOTATIONS.set(MappingProxyType({**_ANNOTATIONS.get(), **values}))
     try:
@@ -61,9 +67,9 @@ def annotate(**values: Any) -> Iterator[None]:
 
 
 def check_annotations(values: Mapping[str, Any]) -> None:
-    unknown = sorted(set(values) - set(ANNOTATION_COLUMNS))
+    unknown = sorted(set(values) - set(ANNOTATION_COLUMNS) - set(PROMPT_HINTS))
     if unknown:
-        known = ", ".join(ANNOTATION_COLUMNS)
+        known = ", ".join([*ANNOTATION_COLUMNS, *PROMPT_HINTS])
         raise ValueError(f"unknown annotation {', '.join(unknown)} (known: {known})")
 
 

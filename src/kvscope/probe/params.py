@@ -49,4 +49,19 @@ def mlflow_params(
         "random_seed": w.seed,
         "configuration_hash": config_hash(cfg),
     }
+    if cfg.app is not None:  # the app is the workload: kvscope's workload settings do not apply
+        workload_keys = set(_WORKLOAD_PARAMS)
+        params = {k: v for k, v in params.items() if k not in workload_keys}
+        params |= {
+            "workflow_type": cfg.app.workflow_type,
+            "app_command": " ".join(cfg.app.command) or None,
+            "store_prompts": cfg.app.store_prompts,
+        }
     return {k: v for k, v in params.items() if v is not None}
+
+
+_WORKLOAD_PARAMS = (
+    "workflow", "loop_mode", "cycles", "max_cycles", "workflows", "concurrency", "prompt_mode",
+    "prompt_layout", "prompt_sharing", "prompt_template_version", "max_tokens",
+    "fixed_prompt_tokens", "dynamic_prompt_tokens", "tool", "random_seed",
+)  # fmt: skip

@@ -22,20 +22,9 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
+from kvscope.records.tools import ToolCall
+
 NS_SEP, NS_END = "|", ":"  # LangGraph's checkpoint namespace: `outer:<task>|inner:<task>`
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One LangChain tool run: a tool span of the workflow, its time charged as `tool_ms` to the
-    next LLM call of the same top-level task."""
-
-    name: str
-    workflow_run_id: str | None
-    graph_node: str | None
-    start_ns: int
-    end_ns: int
-    error: str | None  # the exception's type name if the tool raised
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,45 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
 
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
 from kvscope.probe.identity import CallIdentity
 from kvscope.probe.measure import Seen, failure, measured, short
+from kvscope.records.payloads import CallPayload
 from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Per-run constants that every row carries."""
+
+    benchmark_run_id: str
+    experiment_name: str
+    configuration_hash: str
+    workflow_type: str
+    workflow_concurrency: int | None
+    model_name: str  # used when the request names no model
+    chat_template_name: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Instrument(Protocol):
+    def __call__(
+        self,
+        body: Mapping[str, Any],
+        request_uuid: str,
+        hints: Mapping[str, Any],
+        reply: Mapping[str, Any] | None,
+        prompt_tokens: int | None,
+    ) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -45,12 +73,15 @@ class CallContext:
     experiment_name: str
     configuration_hash: str
     workflow_type: str
-    workflow_concurrency: int
+    workflow_concurrency: int | None
     model_name: str  # used when the request names no model
     chat_template_name: str | None
     sink: Callable[[RequestRecord], None]
-    # Phase 7 columns computed from the request body (e.g. with the model's tokenizer)
-    instrument: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None
+    # Phase 7 columns computed from the request body (the model's tokenizer, or the ids the
+    # engine returned): instrument(body, request_uuid, hints, final reply chunk or body)
+    instrument: Instrument | None = None
+    # what the call sent and got back, for its trace span (None: not kept)
+    payload_sink: Callable[[CallPayload], None] | None = None
 
 
 class InFlight:
@@ -64,6 +95,7 @@ class InFlight:
         tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
         if ident.agent_id is None:
             self.headers = {}
+        self.sent = body  # the app's own body, for the trace payload
         self.body = {**tags, **body}
         self.streaming = bool(body.get("stream"))
         options = body.get("stream_options") or {}
@@ -177,6 +209,9 @@ class InFlight:
             record = replace(record, status=status, error_type=error_type, error_message=message)
         try:
             self.ctx.sink(record)
+            if self.ctx.payload_sink is not None:
+                output = self.seen.content if record.status == STATUS_OK else None
+                self.ctx.payload_sink(CallPayload(self.request_uuid, self.sent, output))
         except Exception:  # the app's call is not kvscope's to break
             log.exception("kvscope: the request row could not be written")
 
@@ -208,6 +243,7 @@ class InFlight:
             workflow_type=ctx.workflow_type,
             workflow_concurrency=ctx.workflow_concurrency,
             turn_id=ident.turn_id,
+            thread_turn=ident.thread_turn,
             agent_id=ident.agent_id,
             previous_agent_id=ident.previous_agent_id,
             graph_node=ident.graph_node,
@@ -226,7 +262,17 @@ class InFlight:
         if not self.streaming:
             record = replace(record, ttft_ms=None, tpot_ms=None)
         record = with_server_timings(record, self.engine.server_timings(self.seen.final))
-        extra = dict(ctx.instrument(body, self.request_uuid)) if ctx.instrument else {}
+        extra: dict[str, Any] = {}
+        if ctx.instrument is not None:
+            try:
+                extra = dict(
+                    ctx.instrument(
+                        self.sent, self.request_uuid, ident.hints, self.seen.final,
+                        record.prompt_tokens,
+                    )
+                )  # fmt: skip
+            except Exception:  # a prompt kvscope cannot render is a row without its ids
+                log.exception("kvscope: could not read the prompt's token ids")
         return replace(record, **(extra | dict(ident.annotations)))
 
 

@@ -36,8 +36,9 @@ class RequestRecord:
     thread_id: str | None  # None: the app's invocation had no thread_id
     workflow_run_id: str | None  # one graph invocation; None outside any graph
     workflow_type: str
-    workflow_concurrency: int
+    workflow_concurrency: int | None  # None: an app's own concurrency (not kvscope's)
     turn_id: int | None  # the agent's visit in its workflow run, from 1 (probe/identity.py)
+    thread_turn: int | None = None  # the invocation's ordinal among its thread's, from 1
     # agent
     agent_id: str | None  # None: a call no agent could be named for (still a row)
     previous_agent_id: str | None
@@ -81,6 +82,15 @@ class RequestRecord:
     first_divergence_same_agent: int | None = None  # vs this agent's previous call in the workflow
     first_divergence_previous_agent: int | None = None  # vs the workflow's previous call
     max_reusable_tokens: int | None = None  # longest common prefix with any earlier call of the run
+    # Where prompt_hash / token_id_hash / fixed_prefix_tokens came from: "engine" (the engine
+    # returned the prompt's token ids) or "tokenizer" (the model's tokenizer and chat template);
+    # None: no token ids. A count that differs from prompt_tokens is flagged, never used.
+    prompt_token_source: str | None = None
+    prompt_token_count: int | None = None  # how many ids kvscope has for the prompt
+    prompt_token_mismatch: bool | None = None  # prompt_token_count != prompt_tokens
+    # the app's own MLflow trace this call's span is in (e.g. mlflow.langchain.autolog());
+    # None: kvscope writes the invocation's trace itself
+    mlflow_trace_id: str | None = None
     # Filled after the call (finalize): provenance (Level 3, from KV events), cached tokens by who
     # stored them, uncached by cause
     cached_self_tokens: int | None = None  # stored by the same agent of the same workflow

@@ -1,0 +1,46 @@
+"""kvscope's probe in a program run by `kvscope profile` (on PYTHONPATH only while profiling).
+
+Python imports this module at the start of every interpreter; with KVSCOPE_CAPTURE set it attaches
+kvscope's probe (kvscope.probe.child.attach), then runs the `sitecustomize` this one shadows, if
+the environment has one. A probe that cannot load says so on stderr and the program runs on.
+"""
+
+import contextlib
+import importlib
+import os
+import sys
+
+
+def _attach() -> None:
+    spec = os.environ.get("KVSCOPE_CAPTURE")
+    if not spec:
+        return
+    try:
+        from kvscope.probe.child import attach
+
+        attach(spec)
+    except Exception as err:  # the program must run, profiled or not
+        print(
+            f"kvscope: the probe did not load in {sys.executable} ({type(err).__name__}: {err});"
+            " this process's calls are not profiled",
+            file=sys.stderr,
+        )
+
+
+def _chain() -> None:
+    """Import the next `sitecustomize` on sys.path (the one this module shadows)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = sys.path[:]
+    this = sys.modules.pop("sitecustomize", None)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        with contextlib.suppress(ImportError):
+            importlib.import_module("sitecustomize")
+    finally:
+        sys.path[:] = saved
+        if this is not None:
+            sys.modules["sitecustomize"] = this
+
+
+_attach()
+_chain()

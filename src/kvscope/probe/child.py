@@ -1,0 +1,139 @@
+"""`kvscope profile -- python app.py`: the probe inside a program kvscope did not start itself.
+
+The profiling process writes a spec (`capture.json` in the run directory) and starts the program
+with `environment(...)`: the OpenAI SDK's own variables pointing at the engine (OPENAI_BASE_URL,
+OPENAI_API_KEY) and KVSCOPE_MODEL, KVSCOPE_CAPTURE naming the spec, and kvscope's boot folder
+first on PYTHONPATH. Python imports that folder's `sitecustomize` at startup in every
+interpreter of the program (subprocesses included); it calls `attach()`, which intercepts the
+process's calls (probe/intercept.py) into part files of the run's streams (probe/streams.py),
+and then runs any `sitecustomize` of the program's own environment that it shadowed.
+
+Each attached process leaves `probe.<pid>.json` (its argv and interpreter) in the run directory:
+the profiling process reads those to tell "the program made no calls" from "the probe never
+loaded" (an interpreter without kvscope installed).
+"""
+
+import atexit
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvscope.config import EngineConfig, ExperimentConfig
+from kvscope.probe.wire import CallContext, RunInfo
+
+CAPTURE_ENV = "KVSCOPE_CAPTURE"
+MODEL_ENV = "KVSCOPE_MODEL"
+SPEC_FILE = "capture.json"
+BOOT_DIR = Path(__file__).parent / "boot"
+MARKER_GLOB = "probe.*.json"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What a program's processes need to capture into a session."""
+
+    run: RunInfo
+    engine: dict[str, Any]  # the EngineConfig, as JSON (for the engine's request tags)
+    base_url: str
+    run_dir: str
+    model_dir: str | None  # the model's tokenizer and chat template, where kvscope can read them
+    store_prompts: bool
+    traces: bool
+
+    @classmethod
+    def of(
+        cls,
+        ctx: CallContext,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        base_url: str,
+        model_dir: str | None,
+    ) -> "ChildSpec":
+        run = RunInfo(**{k: getattr(ctx, k) for k in RunInfo.__dataclass_fields__})
+        store = cfg.app.store_prompts if cfg.app else cfg.workload.store_prompts
+        return cls(
+            run,
+            cfg.engine.model_dump(mode="json"),
+            base_url,
+            str(run_dir),
+            model_dir,
+            store,
+            cfg.tracking.traces,
+        )
+
+    def write(self) -> Path:
+        path = Path(self.run_dir) / SPEC_FILE
+        path.write_text(json.dumps(asdict(self), indent=2))
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> "ChildSpec":
+        data = json.loads(path.read_text())
+        return cls(**{**data, "run": RunInfo(**data["run"])})
+
+
+def environment(spec: ChildSpec, model: str, tracking_uri: str | None) -> dict[str, str]:
+    """The variables a profiled program gets (added to the caller's environment)."""
+    path = spec.write()
+    python_path = [str(BOOT_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        "OPENAI_BASE_URL": spec.base_url,
+        "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        MODEL_ENV: model,
+        CAPTURE_ENV: str(path),
+        "PYTHONPATH": os.pathsep.join(python_path),
+    }
+    if tracking_uri:  # the app's own MLflow traces (autolog) land in kvscope's store
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    return env
+
+
+def attach(spec_path: str) -> None:
+    """Capture this process's calls into the session `spec_path` describes (idempotent)."""
+    global _ATTACHED
+    if _ATTACHED:
+        return
+    from kvscope.engines import make_engine
+    from kvscope.probe.intercept import Interceptor
+    from kvscope.probe.streams import CallStreams
+    from kvscope.probe.tokens import ChatTokenizer
+
+    spec = ChildSpec.read(Path(spec_path))
+    run_dir = Path(spec.run_dir)
+    engine = make_engine(EngineConfig.model_validate(spec.engine))
+    model_dir = Path(spec.model_dir) if spec.model_dir else None
+    chat = ChatTokenizer.from_model_dir(model_dir) if model_dir and model_dir.is_dir() else None
+    streams = CallStreams(
+        run_dir, tokens=chat is not None, payloads=spec.traces, part=_mark(run_dir)
+    )
+    ctx = streams.context(spec.run, chat, spec.store_prompts)
+    Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool).__enter__()  # process-long
+    # a forked worker (multiprocessing) writes part files of its own pid
+    os.register_at_fork(after_in_child=lambda: streams.reopen(_mark(run_dir)))
+    atexit.register(streams.close)
+    _ATTACHED = True
+
+
+def _mark(run_dir: Path) -> str:
+    """Leave this process's marker; its part-file suffix."""
+    pid = os.getpid()
+    marker = {"pid": pid, "argv": sys.argv, "python": sys.executable}
+    (run_dir / f"probe.{pid}.json").write_text(json.dumps(marker))
+    return f".{pid}"
+
+
+_ATTACHED = False
+
+
+def attached_processes(run_dir: Path) -> list[dict[str, Any]]:
+    """The processes of a profiled program in which the probe loaded."""
+    out = []
+    for path in sorted(run_dir.glob(MARKER_GLOB)):
+        try:
+            out.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,97 @@
+"""The call streams of a capture: requests, prompt token ids, tool runs and trace payloads.
+
+One writer per stream, each line flushed as it is written (a crash loses no finished call). A
+process that captures for a session it does not own (a profiled program, probe/child.py) writes
+its own part files, `<stream>.<pid>`, which the owner merges into the streams on close.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from kvscope.probe.instrument import PromptInstrument
+from kvscope.probe.tokens import ChatTokenizer
+from kvscope.probe.wire import CallContext, RunInfo
+from kvscope.records.base import JsonlWriter
+from kvscope.records.payloads import PAYLOADS_JSONL, CallPayload
+from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
+from kvscope.records.tokens import TOKENS_JSONL, PromptTokenIds
+from kvscope.records.tools import TOOLS_JSONL, ToolCall
+
+STREAMS = (REQUESTS_JSONL, TOKENS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL)
+
+
+class CallStreams:
+    def __init__(self, run_dir: Path, *, tokens: bool, payloads: bool, part: str = "") -> None:
+        """`part`: "" for the session's own streams, `.<pid>` for a part file of another
+        process."""
+        self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
+        self.on_row: Callable[[RequestRecord], None] = lambda _: None
+        self._open(part)
+
+    def _open(self, part: str) -> None:
+        run_dir, self.part = self.run_dir, part
+        self.requests: JsonlWriter[RequestRecord] = JsonlWriter(run_dir / (REQUESTS_JSONL + part))
+        self.tools: JsonlWriter[ToolCall] = JsonlWriter(run_dir / (TOOLS_JSONL + part))
+        self.tokens: JsonlWriter[PromptTokenIds] | None = (
+            JsonlWriter(run_dir / (TOKENS_JSONL + part)) if self.has_tokens else None
+        )
+        self.payloads: JsonlWriter[CallPayload] | None = (
+            JsonlWriter(run_dir / (PAYLOADS_JSONL + part)) if self.has_payloads else None
+        )
+
+    def reopen(self, part: str) -> None:
+        """Write to other part files from now on (a forked process: its own pid's)."""
+        self._open(part)
+
+    def context(self, run: RunInfo, chat: ChatTokenizer | None, store_prompts: bool) -> CallContext:
+        """The CallContext whose rows, token ids and payloads go to these streams."""
+        return CallContext(
+            **run.to_dict(),
+            sink=self.row,
+            instrument=PromptInstrument(chat, self.token if chat else None, store_prompts),
+            payload_sink=self.payload if self.has_payloads else None,
+        )
+
+    def row(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+        self.on_row(record)
+
+    def token(self, ids: PromptTokenIds) -> None:
+        if self.tokens is not None:
+            self.tokens.append(ids)
+
+    def tool(self, call: ToolCall) -> None:
+        self.tools.append(call)
+
+    def payload(self, payload: CallPayload) -> None:
+        if self.payloads is not None:
+            self.payloads.append(payload)
+
+    def writers(self) -> list[JsonlWriter]:  # type: ignore[type-arg]
+        return [w for w in (self.requests, self.tools, self.tokens, self.payloads) if w]
+
+    def close(self) -> None:
+        """Close the writers; the session's own streams also take in other processes' parts."""
+        for writer in self.writers():
+            writer.close()
+        if not self.part:
+            merge_parts(self.run_dir)
+
+
+def merge_parts(run_dir: Path) -> int:
+    """Append every `<stream>.<pid>` part file to its stream, in pid order, and remove it; how
+    many parts were merged."""
+    merged = 0
+    for name in STREAMS:
+        parts = sorted(run_dir.glob(f"{name}.*"), key=lambda p: p.suffix)
+        if not parts:
+            continue
+        with (run_dir / name).open("ab") as out:
+            for part in parts:
+                data = part.read_bytes()
+                if data and not data.endswith(b"\n"):  # a torn last line: keep it on its own
+                    data += b"\n"
+                out.write(data)
+                part.unlink()
+                merged += 1
+    return merged
