@@ -7,6 +7,7 @@ import typer
 
 from kvscope.cli import analyze as analyze_commands
 from kvscope.cli import engine
+from kvscope.cli import profile as profile_command
 from kvscope.cli import report as report_commands
 from kvscope.cli import run as run_commands
 from kvscope.cli import sweep as sweep_commands
@@ -14,6 +15,11 @@ from kvscope.cli import sweep as sweep_commands
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_show_locals=False)
 app.add_typer(engine.app, name="engine")
 app.command("run")(run_commands.run)
+# everything after the program's name is the program's: `kvscope profile python app.py --flag`
+app.command(
+    "profile",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)(profile_command.profile)
 app.command("convert")(run_commands.convert)
 app.command("ui")(run_commands.ui)
 app.command("sweep")(sweep_commands.sweep)

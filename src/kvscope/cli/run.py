@@ -105,7 +105,9 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     failed = f" ({w.failed} ended by a failed call)" if w.failed else ""
     skipped = a.finalized.skipped_lines if a.finalized else 0
     torn = f"; {skipped} unreadable JSONL lines skipped" if skipped else ""
-    console.print(f"{a.rows} LLM calls in {w.workflows} workflows{failed}{torn}")
+    invocations = len({r for r in a.requests["workflow_run_id"].to_pylist() if r is not None})
+    workflows = w.workflows if w.workflows is not None else invocations
+    console.print(f"{a.rows} LLM calls in {workflows} workflows{failed}{torn}")
     if w.unparsed_verdicts and verdicts:
         console.print(f"{w.unparsed_verdicts} Reviewer verdict(s) could not be parsed "
                       "(treated as REVISE)")  # fmt: skip

@@ -1,0 +1,153 @@
+"""`kvscope profile [--engine CONFIG | --attach URL] -- python app.py ARGS`: profile a program.
+
+The program runs as a child process with the engine in the OpenAI SDK's own variables
+(OPENAI_BASE_URL, OPENAI_API_KEY) and KVSCOPE_MODEL, and kvscope's probe loaded into every Python
+interpreter it starts (probe/child.py). Its stdout, stderr and exit code are its own; kvscope's
+progress and summary go to stderr, after the program's output. Ctrl-C reaches the program (it
+shares the terminal's process group); kvscope waits for it to end, then keeps what was measured.
+"""
+
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvscope.cli.common import err_console, friendly
+from kvscope.errors import ConfigError
+
+GRACE_S = 10.0  # after a second Ctrl-C: how long the program gets before it is killed
+
+
+@friendly
+def profile(
+    command: Annotated[
+        list[str], typer.Argument(help="The program and its arguments, after `--`.")
+    ],
+    engine: Annotated[
+        Path | None,
+        typer.Option(help="Engine YAML (an engine section, or a whole experiment config)."),
+    ] = None,
+    attach: Annotated[
+        str | None, typer.Option(help="Base URL of a running OpenAI-compatible engine.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Run name (default: the script's).")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="Where run directories go.")] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (default: SQLite under runs dir).")
+    ] = None,
+    keep_cache: Annotated[
+        bool, typer.Option(help="Do not empty the engine's prefix cache first.")
+    ] = False,
+    store_prompts: Annotated[
+        bool, typer.Option(help="Keep each call's messages and serialized prompt text.")
+    ] = False,
+) -> None:
+    """Profile an unmodified program's model calls: per agent, per transition, with provenance."""
+    from kvscope.capture import CaptureSession, Hooks  # MLflow and LangGraph load slowly
+    from kvscope.cli.run import show
+    from kvscope.probe.child import attached_processes
+    from kvscope.profiling import conclude, profile_config
+    from kvscope.publish import WorkloadOutcome
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    if not command:
+        raise ConfigError("give the program to run after `--`: kvscope profile -- python app.py")
+    cfg = profile_config(
+        name or _default_name(command), engine, attach, command=tuple(command),
+        runs_dir=runs_dir, tracking_uri=tracking_uri, cold_start=False if keep_cache else None,
+        store_prompts=store_prompts,
+    )  # fmt: skip
+    calls = 0
+
+    def on_call() -> None:
+        nonlocal calls
+        calls += 1
+
+    stage = lambda text: err_console.print(f"[dim]kvscope: {text}[/]", highlight=False)  # noqa: E731
+    session = CaptureSession(cfg, Hooks(on_stage=stage, on_call=on_call))
+    failure: BaseException | None = None
+    code = 0
+    with session:
+        env = {**os.environ, **session.child_env()}
+        stage(f"running {' '.join(command)} (engine {session.base_url}, model {session.model})")
+        code, failure = _run(command, env)
+    outcome = conclude(session, WorkloadOutcome(), failure, stage)
+    _explain_empty(outcome.analysis.rows, attached_processes(session.run_dir), session.base_url)
+    with _to_stderr():
+        show(outcome, verdicts=False)
+    if code:
+        err_console.print(f"the program exited with status {code}")
+    raise typer.Exit(code)
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, BaseException | None]:
+    """Run the program to its end; (its exit status, the interruption if there was one)."""
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as err:
+        raise ConfigError(f"cannot run {command[0]}: {err.strerror or err}") from None
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt as err:  # the program got the same SIGINT: let it end
+            if interrupted is not None:  # a second Ctrl-C: stop it
+                proc.terminate()
+                try:
+                    code = proc.wait(GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    code = proc.wait()
+                break
+            interrupted = err
+    if code < 0:  # killed by a signal: the shell's convention, 128 + the signal
+        sig, code = -code, 128 - code
+        if sig == signal.SIGINT and interrupted is None:
+            interrupted = KeyboardInterrupt()
+    return code, interrupted
+
+
+def _explain_empty(rows: int, processes: list[dict[str, object]], base_url: str | None) -> None:
+    if rows:
+        return
+    if not processes:
+        err_console.print(
+            "[yellow]kvscope: the probe did not load in the program[/]: its Python could not "
+            "import kvscope (run the program with the interpreter kvscope is installed in, "
+            "e.g. activate that virtual environment)"
+        )
+    else:
+        err_console.print(
+            f"[yellow]kvscope: the program made no calls to the engine at {base_url}[/] (it "
+            "should take the engine from OPENAI_BASE_URL and the model from KVSCOPE_MODEL)"
+        )
+
+
+def _default_name(command: list[str]) -> str:
+    """The script's name: `python examples/peer.py` -> peer; `app` otherwise."""
+    for arg in command[1:] if Path(command[0]).name.startswith("python") else command:
+        if arg.endswith(".py"):
+            return Path(arg).stem.replace("_", "-") or "app"
+    if len(command) > 2 and command[1] == "-m":
+        return command[2].rsplit(".", 1)[-1]
+    return Path(command[0]).name or "app"
+
+
+class _to_stderr:
+    """Print the shared console's output to stderr for a while (the program owns stdout)."""
+
+    def __enter__(self) -> None:
+        from kvscope.cli.common import console
+
+        self._file = console.file
+        console.file = err_console.file
+
+    def __exit__(self, *_: object) -> None:
+        from kvscope.cli.common import console
+
+        console.file = self._file

@@ -1,0 +1,237 @@
+"""Profile a program of the user's own: `with kvscope.profile(...)` here, `kvscope profile -- ...`
+for another process (cli/profile.py).
+
+    with kvscope.profile(name="my-app", engine="configs/engine.yaml") as run:  # or attach=URL
+        graph.invoke(inputs, {"configurable": {"thread_id": "t1"}})  # unmodified app code
+    run.requests().to_pandas()       # one row per model call; run.outcome: the analysed run
+
+On enter the engine is started (or reused, or attached to) and the collectors run exactly as for
+`kvscope run`: cold prefix cache unless told otherwise, /metrics sampler, KV event listener, an
+MLflow run. While the block is open, every call this process makes to the engine (OpenAI SDK,
+sync or async, streamed or not; LangChain's ChatOpenAI; raw httpx) is one request row named by
+LangGraph's run context (probe/intercept.py, probe/identity.py); OPENAI_BASE_URL, OPENAI_API_KEY
+and KVSCOPE_MODEL point at the engine meanwhile (also `run.base_url`, `run.model`), so an app that
+reads them needs no change. On exit the run directory is finalized, analysed and published like
+`kvscope run`'s: the same tables, summary.json, report.html, MLflow run and traces.
+
+An exception or Ctrl-C inside the block keeps what was measured and goes on. `async with` works
+the same inside a running event loop; starting the engine and finalizing block the loop.
+"""
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+
+from kvscope.analysis.run import analyze_run
+from kvscope.capture import CaptureSession, Hooks
+from kvscope.config import (
+    AppConfig,
+    EngineConfig,
+    ExperimentConfig,
+    TrackingConfig,
+    load_yaml,
+    parse_engine,
+    parse_experiment,
+)
+from kvscope.errors import ConfigError
+from kvscope.finalize import finalize
+from kvscope.probe.child import MODEL_ENV
+from kvscope.probe.intercept import Interceptor
+from kvscope.publish import RunOutcome, WorkloadOutcome, publish
+from kvscope.records.requests import load_table
+
+log = logging.getLogger(__name__)
+
+
+def profile_config(
+    name: str = "profile",
+    engine: str | Path | EngineConfig | None = None,
+    attach: str | None = None,
+    *,
+    command: tuple[str, ...] = (),
+    runs_dir: str | Path | None = None,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    cold_start: bool | None = None,
+    traces: bool | None = None,
+    store_prompts: bool = False,
+) -> ExperimentConfig:
+    """The run's configuration. `engine`: an EngineConfig, or a YAML file holding an engine
+    section's fields or a whole experiment config (its engine, tracking, runs_dir, cold_start
+    and metrics_interval_s are used); `attach`: the base URL of a running OpenAI-compatible
+    engine. Neither: the embedded engine, as `kvscope run` uses it. Keyword arguments override."""
+    if engine is not None and attach is not None:
+        raise ConfigError("profile: give engine or attach, not both")
+    data: dict[str, Any] = {}
+    if isinstance(engine, EngineConfig):
+        data["engine"] = engine.model_dump(mode="json")
+    elif engine is not None:
+        loaded = load_yaml(Path(engine))
+        if "engine" in loaded:  # an experiment config: its workload does not apply
+            data = {k: v for k, v in loaded.items() if k not in ("workload", "name")}
+        else:
+            data["engine"] = parse_engine(loaded, str(engine)).model_dump(mode="json")
+    if attach is not None:
+        data["engine"] = {"kind": "attach", "url": attach}
+    tracking = dict(data.get("tracking") or {})
+    for key, value in (("tracking_uri", tracking_uri), ("experiment", experiment),
+                       ("traces", traces)):  # fmt: skip
+        if value is not None:
+            tracking[key] = value
+    data |= {
+        "name": name,
+        "tracking": TrackingConfig.model_validate(tracking).model_dump(mode="json"),
+        "app": AppConfig(
+            command=command, workflow_type=name, store_prompts=store_prompts
+        ).model_dump(mode="json"),
+    }
+    if runs_dir is not None:
+        data["runs_dir"] = str(runs_dir)
+    if cold_start is not None:
+        data["cold_start"] = cold_start
+    return parse_experiment(data, str(engine) if engine else "profile")
+
+
+class Profile:
+    """One profiled stretch of a program: a capture session from enter to exit, then its run.
+
+    `base_url`, `model`, `run_dir` and `run_id` are set once entered; `outcome` once exited."""
+
+    def __init__(self, cfg: ExperimentConfig, hooks: Hooks | None = None) -> None:
+        if cfg.app is None:
+            raise ConfigError("profile needs an `app` section (profile_config makes one)")
+        self.cfg = cfg
+        self.session = CaptureSession(cfg, hooks)
+        self.hooks = self.session.hooks
+        self.outcome: RunOutcome | None = None
+        self._interceptor: Interceptor | None = None
+        self._saved_env: dict[str, str | None] = {}
+
+    @property
+    def base_url(self) -> str:
+        return _known(self.session.base_url)
+
+    @property
+    def model(self) -> str:
+        return _known(self.session.model)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.session.run_dir
+
+    @property
+    def run_id(self) -> str:
+        return self.session.run_id
+
+    def requests(self) -> pa.Table:
+        """The run's request table (finalized once the block has exited)."""
+        return load_table(self.run_dir)
+
+    def __enter__(self) -> "Profile":
+        self.session.open()
+        try:
+            self._interceptor = self.session.intercept().__enter__()
+            self._set_env()
+        except BaseException:
+            self.session.close()
+            raise
+        self.hooks.on_stage("profiling")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._restore_env()
+        if self._interceptor is not None:
+            self._interceptor.__exit__(None, None, None)
+        self.session.close()
+        self.outcome = conclude(self.session, WorkloadOutcome(), exc, self.hooks.on_stage)
+
+    async def __aenter__(self) -> "Profile":
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def _set_env(self) -> None:
+        values = {
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            MODEL_ENV: self.model,
+        }
+        for key, value in values.items():
+            self._saved_env[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def _restore_env(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+
+
+def profile(
+    name: str = "profile",
+    engine: str | Path | EngineConfig | None = None,
+    attach: str | None = None,
+    *,
+    runs_dir: str | Path | None = None,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    cold_start: bool | None = None,
+    traces: bool | None = None,
+    store_prompts: bool = False,
+    on_stage: Callable[[str], None] | None = None,
+) -> Profile:
+    """Profile the model calls made inside a `with` (or `async with`) block; see the module
+    docstring. `on_stage` hears the steps (starting the engine, finalizing, ...)."""
+    cfg = profile_config(
+        name, engine, attach, runs_dir=runs_dir, tracking_uri=tracking_uri,
+        experiment=experiment, cold_start=cold_start, traces=traces,
+        store_prompts=store_prompts,
+    )  # fmt: skip
+    stage = on_stage or (lambda text: log.info("kvscope: %s", text))
+    return Profile(cfg, Hooks(on_stage=stage))
+
+
+def conclude(
+    session: CaptureSession,
+    workload: WorkloadOutcome,
+    failure: BaseException | None,
+    on_stage: Callable[[str], None],
+) -> RunOutcome:
+    """A closed session's run directory -> tables, analysis, report, MLflow: what `kvscope run`
+    and `kvscope profile` do after the workload, also after a failure (then recorded)."""
+    assert session.tracking is not None
+    on_stage("writing the request table")
+    finalize(session.run_dir, session.exported_timings())
+    analysis = analyze_run(session.run_dir)
+    return publish(
+        analysis,
+        session.tracking,
+        workload,
+        failure=failure,
+        traces=session.cfg.tracking.traces,
+        on_stage=on_stage,
+    )
+
+
+def _known(value: str | None) -> str:
+    if value is None:
+        raise RuntimeError("the profile is not open yet")
+    return value
