@@ -22,6 +22,14 @@ from kvscope.errors import ConfigError
 GRACE_S = 10.0  # after a second Ctrl-C: how long the program gets before it is killed
 
 
+class ProgramFailed(Exception):
+    """The profiled program ended with a non-zero status (the run is kept, marked FAILED)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the program exited with status {code}")
+        self.code = code
+
+
 @friendly
 def profile(
     command: Annotated[
@@ -75,12 +83,12 @@ def profile(
         env = {**os.environ, **session.child_env()}
         stage(f"running {' '.join(command)} (engine {session.base_url}, model {session.model})")
         code, failure = _run(command, env)
+        if code and failure is None:
+            failure = ProgramFailed(code)
     outcome = conclude(session, WorkloadOutcome(), failure, stage)
     _explain_empty(outcome.analysis.rows, attached_processes(session.run_dir), session.base_url)
     with _to_stderr():
         show(outcome, verdicts=False)
-    if code:
-        err_console.print(f"the program exited with status {code}")
     raise typer.Exit(code)
 
 

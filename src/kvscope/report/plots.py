@@ -21,9 +21,8 @@ from kvscope.analysis.agents import agent_key
 from kvscope.analysis.latency import COMPONENT_LABELS, COMPONENTS, PrefillFit
 from kvscope.analysis.runs import ALL, ReuseLoss, pooled
 from kvscope.analysis.transitions import SAME_AGENT, matrix
-from kvscope.report.timeline import AGENT_COLORS
+from kvscope.report.timeline import agent_color
 
-OTHER_COLOR = "#8172B3"
 COMPONENT_COLORS = {
     "queue_ms": "#e76f51",
     "prefill_ms": "#4C72B0",
@@ -37,7 +36,7 @@ COMPONENT_COLORS = {
 
 
 def color(agent: str) -> str:
-    return AGENT_COLORS.get(agent, OTHER_COLOR)
+    return agent_color(agent)
 
 
 def data_uri(fig: Figure) -> str:

@@ -1,5 +1,6 @@
 """KV usage and running/queued requests over time, with every agent call drawn on the same axis."""
 
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,22 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
 
-from kvscope.analysis.agents import AGENT_ORDER
+from kvscope.analysis.agents import AGENT_ORDER, agent_key
 
-# the PEER agents' colours, in their order
+# the PEER agents' colours, in their order; any other agent: one of PALETTE, by its name
 AGENT_COLORS = dict(zip(AGENT_ORDER, ("#4C72B0", "#DD8452", "#55A868", "#C44E52"), strict=True))
+PALETTE = ("#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD", "#2a9d8f",
+           "#e76f51", "#264653", "#b5838d")  # fmt: skip
+NO_AGENT_COLOR = "#777"
+NO_THREAD = "(no thread)"
+
+
+def agent_color(agent: str | None) -> str:
+    """The colour of an agent in every figure: the same name, the same colour, in every run."""
+    if agent is None:
+        return NO_AGENT_COLOR
+    return AGENT_COLORS.get(agent) or PALETTE[zlib.crc32(agent.encode()) % len(PALETTE)]
+
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 
@@ -25,7 +38,7 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     def secs(t_ns: int) -> float:
         return (t_ns - t0) / 1e9
 
-    lanes = sorted({r["thread_id"] for r in rows})
+    lanes = sorted({r["thread_id"] or NO_THREAD for r in rows})
     fig, (kv, queue, calls) = plt.subplots(
         3, 1, sharex=True, figsize=(11, 7.5), height_ratios=(2, 1, max(1.5, 0.35 * len(lanes)))
     )
@@ -47,18 +60,19 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     queue.set_ylabel("requests")
     _legend_or_note(queue)
     for r in rows:
-        lane = lanes.index(r["thread_id"])
+        lane = lanes.index(r["thread_id"] or NO_THREAD)
         end = r["end_ns"] if r["end_ns"] > r["start_ns"] else r["start_ns"] + 1
-        color = AGENT_COLORS.get(r["agent_id"], "#777")
+        color = agent_color(r["agent_id"])
         hatch = None if r["status"] == "ok" else "xx"
         calls.barh(lane, secs(end) - secs(r["start_ns"]), left=secs(r["start_ns"]), height=0.7,
                    color=color, edgecolor="white", hatch=hatch)  # fmt: skip
     calls.set_yticks(range(len(lanes)), [lane.rsplit("-", 1)[-1] for lane in lanes], fontsize=8)
     calls.set_ylabel("workflow")
     calls.set_xlabel("seconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in AGENT_COLORS.values()]
-    calls.legend(handles, AGENT_COLORS, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-                 ncols=4, frameon=False)  # above the lanes, never over a bar  # fmt: skip
+    agents = sorted({r["agent_id"] for r in rows if r["agent_id"]}, key=agent_key)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=agent_color(a)) for a in agents]
+    calls.legend(handles, agents, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                 ncols=min(len(agents), 6) or 1, frameon=False)  # above the lanes  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
