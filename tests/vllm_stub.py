@@ -2,12 +2,21 @@
 
 /v1/chat/completions answers with tests/fixtures/vllm-0.32.0's recorded reply or stream; the
 usage chunk is sent only when the request asks for it (stream_options.include_usage), as vLLM
-does. /v1/completions answers the same tokens in the completions shape (`text`). Every request
-is kept in `received` as (url, JSON body, headers).
+does. /v1/completions answers the same tokens in the completions shape (`text`, and the per-choice
+`prompt_token_ids` / `token_ids` keys, null). Every request is kept in `received` as (url, JSON
+body, headers).
+
+`return_token_ids: true` is honoured as vLLM 0.32.0 does it (its chat_completion/serving.py and
+completion/serving.py): the null id fields become lists in place, every other byte the same:
+chat: the top-level `prompt_token_ids` of the first chunk (or of the body) and each later
+chunk's (each choice's) `token_ids`; completions: the first chunk's (every choice's)
+`prompt_token_ids` and every `token_ids`. `held_back` adds the empty-delta chat chunk vLLM sends
+only with the flag, where a tool or reasoning parser holds a token back.
 """
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -33,9 +42,24 @@ def as_completion(event: str) -> str:
         return event
     chunk = json.loads(event[6:])
     chunk["object"] = "text_completion"
+    chunk.pop("prompt_token_ids", None)
+    chunk.pop("prompt_text", None)
     for choice in chunk["choices"]:
         choice["text"] = choice.pop("delta", {}).get("content") or ""
+        choice |= {"prompt_token_ids": None, "token_ids": None}
     return "data: " + json.dumps(chunk) + "\n\n"
+
+
+def with_ids(event: str, prompt_ids: list[int] | None, token_id: int) -> str:
+    """One event as vLLM sends it with return_token_ids (module docstring)."""
+    ids = json.dumps(prompt_ids).replace(" ", "")
+    if '"choices": [' in event:  # completions (json.dumps's separators)
+        if prompt_ids is not None:
+            event = event.replace('"prompt_token_ids": null', f'"prompt_token_ids": {ids}', 1)
+        return re.sub(r'"token_ids": null', f'"token_ids": [{token_id}]', event)
+    if prompt_ids is not None:
+        event = event.replace('"prompt_token_ids":null', f'"prompt_token_ids":{ids}', 1)
+    return event.replace('"token_ids":null', f'"token_ids":[{token_id}]')
 
 
 @dataclass
@@ -47,18 +71,38 @@ class Stub:
     fail: BaseException | None = None  # raised instead of answering
     cut_after: int | None = None  # the stream breaks after this many events
     received: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    # what return_token_ids returns (the recorded prompt was 592 tokens long)
+    prompt_ids: list[int] = field(default_factory=lambda: list(range(1, 593)))
+    held_back: bool = False  # with return_token_ids: a held-back chunk after the first content
 
     def events(self, path: str, body: dict[str, Any]) -> list[str]:
         wants_usage = (body.get("stream_options") or {}).get("include_usage")
         events = [e for e in EVENTS if wants_usage or e != USAGE_EVENT]
-        return events if "chat" in path else [as_completion(e) for e in events]
+        if "chat" not in path:
+            events = [as_completion(e) for e in events]
+        if not body.get("return_token_ids"):
+            return events
+        out = [
+            with_ids(e, self.prompt_ids if i == 0 else None, 100 + i) for i, e in enumerate(events)
+        ]
+        if self.held_back and "chat" in path:
+            held = json.loads(out[1][6:])
+            held["choices"][0] |= {"delta": {}, "token_ids": [99]}
+            out.insert(2, "data: " + json.dumps(held, separators=(",", ":")) + "\n\n")
+        return out
 
-    def reply(self, path: str) -> dict[str, Any]:
-        if "chat" in path:
-            return REPLY
+    def reply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         reply = json.loads(json.dumps(REPLY))
+        ids = body.get("return_token_ids")
+        if "chat" in path:
+            reply["prompt_token_ids"] = self.prompt_ids if ids else None
+        else:
+            del reply["prompt_token_ids"], reply["prompt_text"]
         for choice in reply["choices"]:
-            choice["text"] = choice.pop("message")["content"]
+            choice["token_ids"] = [100, 101] if ids else None
+            if "chat" not in path:
+                choice["text"] = choice.pop("message")["content"]
+                choice["prompt_token_ids"] = self.prompt_ids if ids else None
         return reply
 
     def transport(self, lib: Any, asynchronous: bool = False) -> Any:
@@ -70,7 +114,7 @@ class Stub:
             if self.status >= 400:
                 return lib.Response(self.status, json={"error": {"message": "boom"}})
             if not body.get("stream"):
-                return lib.Response(200, json=self.reply(request.url.path))
+                return lib.Response(200, json=self.reply(request.url.path, body))
             events = [e.encode() for e in self.events(request.url.path, body)]
             stream = self._async(lib, events) if asynchronous else self._sync(lib, events)
             return lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)

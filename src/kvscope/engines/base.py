@@ -162,6 +162,23 @@ class Engine(ABC):
         """(extra body fields, extra headers) that carry kvscope's ids into the engine."""
         return {}, {}
 
+    def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Body fields that make this engine return the prompt's exact token ids with its reply
+        to `body`; {} where it cannot (the default), or not without changing what the app reads
+        beyond what `without_prompt_ids` undoes. A field the app set itself is never replaced."""
+        return {}
+
+    @classmethod
+    def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
+        """The prompt's token ids carried by one reply body or streamed chunk; None if none."""
+        return None
+
+    @classmethod
+    def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
+        """`data` (a reply body, or one SSE event whose parsed JSON is `chunk`) as this engine
+        sends it when prompt_ids_fields were not asked for; None for an event only they bring."""
+        return data
+
     def preflight(self) -> None:
         """Raise one clear error for anything that would make the launch fail (before it)."""
 

@@ -162,6 +162,10 @@ class SglangEngine(Engine):
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
         return {"rid": request_uuid, "session_id": request_uuid}, {LABEL_HEADER: labels}
 
+    # prompt_ids_fields stays {}: nothing in the recorded SGLang 0.5.23 replies
+    # (tests/fixtures/sglang-0.5.23) shows prompt ids on its OpenAI endpoints, so its rows take
+    # their ids from the model's tokenizer and chat template (probe/instrument.py).
+
     def exported_timings(self) -> dict[str, dict[str, float | None]]:
         """From --export-metrics-to-file: rid -> queue / prefill / decode ms (the rid is ours)."""
         out: dict[str, dict[str, float | None]] = {}

@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
-from kvscope.engines import model
+from kvscope.engines import model, vllm_ids
 from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
 from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
@@ -189,6 +189,17 @@ class VllmEngine(Engine):
         # request_id becomes the response id ("chatcmpl-<id>"); session_id reaches BlockStored,
         # so each stored block names the request that stored it (vLLM uses it for nothing else).
         return {"request_id": request_uuid, "session_id": request_uuid}, {}
+
+    def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return vllm_ids.request_fields(body)
+
+    @classmethod
+    def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
+        return vllm_ids.prompt_ids(reply)
+
+    @classmethod
+    def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
+        return vllm_ids.without_ids(data, chunk)
 
     def preflight(self) -> None:
         c = self.config

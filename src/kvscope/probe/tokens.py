@@ -4,24 +4,33 @@ Cache reuse depends on the final tokens, not on the text a human sees (design no
 kvscope renders the model's chat template (Jinja, as Hugging Face's apply_chat_template does)
 and encodes the result with the model's tokenizer. The embedded engine reports its own prompt
 token count on every call; a row whose count differs is flagged, never silently used.
+
+An app's chat messages reach the template the way vLLM's chat path (vllm/renderers/chat_utils.py)
+hands them to a template that takes string content (`template_messages`): a list of text parts
+joined with "\n", `content: null` as "", an assistant's `tool_calls` with their `arguments` as
+JSON objects (a string that is not one: {}), a tool message's `tool_call_id` and a `name` kept,
+other keys dropped. The request's `tools` reach the template as its `tools` variable (None when
+absent), as HF's apply_chat_template passes them; vLLM passes them with its schema's defaults
+filled in, so a template that prints whole tool objects can render differently there (the count
+check flags that row).
 """
 
 import hashlib
 import json
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jinja2 import StrictUndefined
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from kvscope.records.tokens import common_prefix
 
-Messages = Sequence[dict[str, str]]
+Messages = Sequence[Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -49,12 +58,15 @@ def token_hash(ids: Sequence[int]) -> str:
 
 class ChatTokenizer:
     def __init__(self, tokenizer: Tokenizer, template: str, special: dict[str, Any]) -> None:
+        # As transformers' render_jinja_template sets it up (the engines render with it): an
+        # undefined name is empty (templates test `message.tool_calls` on messages without
+        # any), but using one further (`x.missing.attr`) raises UndefinedError.
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined,
-            extensions=["jinja2.ext.loopcontrols"],
-        )  # fmt: skip
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
         self.tokenizer = tokenizer
         self.template = env.from_string(template)
         self.special = special
@@ -74,31 +86,131 @@ class ChatTokenizer:
         special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
         return cls(Tokenizer.from_file(str(tok)), template, special)
 
-    def render(self, messages: Messages, *, generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Messages,
+        *,
+        generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+    ) -> str:
+        """The template's text for these (template_messages-normalized) messages; raises
+        jinja2's TemplateError (UndefinedError included) for what the template rejects."""
         return self.template.render(
-            messages=list(messages), add_generation_prompt=generation_prompt, **self.special
+            messages=list(messages),
+            tools=None if tools is None else list(tools),
+            add_generation_prompt=generation_prompt,
+            **self.special,
         )
 
-    def encode_text(self, text: str) -> list[int]:
-        # The template already wrote the special tokens (as HF's apply_chat_template assumes).
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    def encode_text(self, text: str, *, special: bool = False) -> list[int]:
+        """Ids of `text`; `special`: add the tokenizer's special tokens (BOS...) as a raw
+        completions prompt gets them. A rendered chat template already wrote its own (as HF's
+        apply_chat_template assumes), so it is encoded without."""
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
 
-    def prompt(self, messages: Messages, fixed_messages: int = 0) -> PromptTokens:
-        text = self.render(messages)
+    def prompt(
+        self,
+        messages: Messages,
+        fixed_messages: int = 0,
+        tools: Sequence[Any] | None = None,
+    ) -> PromptTokens:
+        """The prompt's ids, its text, and where its first `fixed_messages` messages end."""
+        text = self.render(messages, tools=tools)
         ids = tuple(self.encode_text(text))
-        fixed = 0
-        if 0 < fixed_messages < len(messages):
-            head = self.encode_text(self.render(messages[:fixed_messages], generation_prompt=False))
-            fixed = common_prefix(ids, head)
-        elif fixed_messages >= len(messages):
-            fixed = len(ids)
-        return PromptTokens(ids, text, fixed)
+        return PromptTokens(ids, text, self.fixed_prefix(ids, messages, fixed_messages, tools))
+
+    def fixed_prefix(
+        self,
+        ids: Sequence[int],
+        messages: Messages,
+        fixed_messages: int,
+        tools: Sequence[Any] | None = None,
+    ) -> int:
+        """How many of `ids` (the whole prompt's, from this tokenizer or the engine) the first
+        `fixed_messages` messages cover: the common prefix with their own rendering."""
+        if fixed_messages <= 0:
+            return 0
+        if fixed_messages >= len(messages):
+            return len(ids)
+        head = self.render(messages[:fixed_messages], generation_prompt=False, tools=tools)
+        return common_prefix(ids, self.encode_text(head))
+
+
+def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """The app's chat messages as vLLM hands them to a string-content template (module
+    docstring); None when one cannot be rendered as text (an image or audio part, a part or
+    message of unknown shape). The app's own objects are not changed."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            return None
+        content = _text(message.get("content"))
+        if content is None:
+            return None
+        role = message["role"]
+        msg: dict[str, Any] = {"role": role, "content": content}
+        calls = message.get("tool_calls")
+        if role == "assistant" and isinstance(calls, list) and calls:
+            msg["tool_calls"] = [_tool_call(call) for call in calls]
+        if role == "assistant" and isinstance(message.get("reasoning"), str):
+            msg["reasoning"] = msg["reasoning_content"] = message["reasoning"]
+        if role == "tool" and "tool_call_id" in message:
+            msg["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            msg["name"] = message["name"]
+        out.append(msg)
+    return out
+
+
+def _text(content: Any) -> str | None:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, Mapping) and part.get("type") == "text":
+            texts.append(str(part.get("text", "")))
+        else:
+            return None
+    return "\n".join(texts)
+
+
+def _tool_call(call: Any) -> Any:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return call
+    function = dict(call["function"])
+    args = function.get("arguments")
+    if isinstance(args, str) and args:
+        try:
+            args = json.loads(args)
+        except ValueError:
+            args = None
+    function["arguments"] = args if isinstance(args, dict) else {}
+    return {**call, "function": function}
 
 
 def _token_text(value: Any) -> str:
     if isinstance(value, dict):  # older configs: {"content": "<s>", ...}
         return str(value.get("content", ""))
     return "" if value is None else str(value)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson` filter (Jinja's own escapes HTML)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise(message: str) -> None:

@@ -11,7 +11,16 @@ What changes on the wire, and what the app sees of it:
   (no choices) that it brings is removed from the stream before the app reads it: the app reads
   the engine's other bytes unchanged, re-chunked at event boundaries. A stream the app asked usage
   for is passed through byte for byte.
-- nothing else: non-streamed replies and error replies reach the app as the engine sent them.
+- where the engine can return the prompt's exact token ids (`Engine.prompt_ids_fields`: vLLM's
+  `return_token_ids`) and the app did not set that field itself, it is added, and what it brings
+  is taken out of the reply before the app reads it (`Engine.without_prompt_ids`): in a stream,
+  only the events that carried ids are edited (each id list back to the `null` the engine sends
+  without the flag) and the events only the flag brings are dropped, re-chunked at event
+  boundaries as above; a non-streamed body is held to its end and handed over edited the same
+  way (its Content-Length header still gives the engine's length). An app that set the field
+  itself reads the engine's bytes unchanged; the ids are read either way.
+- nothing else: other non-streamed replies and error replies reach the app as the engine sent
+  them.
 
 The reply is read as the app reads it (TTFT and TPOT are on the app's clock); a compressed reply
 (Content-Encoding) is passed through but not parsed: its usage stays None.
@@ -22,7 +31,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
@@ -55,6 +64,11 @@ class RunInfo:
 
 
 class Instrument(Protocol):
+    """The Phase 7 columns of one call: from the body the app sent, its request_uuid, its hints
+    (`fixed_messages`...), the reply chunk or body with the usage, the engine's prompt_tokens,
+    and the prompt ids the engine returned (None: it did not). Must not raise for a body it
+    cannot read (wire.py logs and drops an exception, but the row then lacks every column)."""
+
     def __call__(
         self,
         body: Mapping[str, Any],
@@ -62,6 +76,7 @@ class Instrument(Protocol):
         hints: Mapping[str, Any],
         reply: Mapping[str, Any] | None,
         prompt_tokens: int | None,
+        engine_ids: Sequence[int] | None,
     ) -> Mapping[str, Any]: ...
 
 
@@ -78,7 +93,8 @@ class CallContext:
     chat_template_name: str | None
     sink: Callable[[RequestRecord], None]
     # Phase 7 columns computed from the request body (the model's tokenizer, or the ids the
-    # engine returned): instrument(body, request_uuid, hints, final reply chunk or body)
+    # engine returned): instrument(body, request_uuid, hints, final reply chunk or body,
+    # prompt_tokens, engine ids)
     instrument: Instrument | None = None
     # what the call sent and got back, for its trace span (None: not kept)
     payload_sink: Callable[[CallPayload], None] | None = None
@@ -96,7 +112,10 @@ class InFlight:
         if ident.agent_id is None:
             self.headers = {}
         self.sent = body  # the app's own body, for the trace payload
-        self.body = {**tags, **body}
+        added = {k: v for k, v in engine.prompt_ids_fields(body).items() if k not in body}
+        self.body = {**tags, **body, **added}
+        self.rewrite = bool(added)  # take what `added` brings out of the reply
+        self.engine_ids: list[int] | None = None
         self.streaming = bool(body.get("stream"))
         options = body.get("stream_options") or {}
         self.strip = self.streaming and not options.get("include_usage")
@@ -121,6 +140,7 @@ class InFlight:
         self.sse = status_code < 400 and "text/event-stream" in headers.get("content-type", "")
         self.parse = headers.get("content-encoding", "identity") in ("", "identity")
         self.strip = self.strip and self.sse and self.parse
+        self.rewrite = self.rewrite and status_code < 400 and self.parse
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Bytes of the reply as the app reads them -> the bytes the app gets."""
@@ -128,38 +148,55 @@ class InFlight:
             return chunk
         self.buffer += chunk
         if not self.sse:
-            return chunk
+            return b"" if self.rewrite else chunk  # an edited body goes to the app at its end
         out, start = [], 0
         for end in _EVENT_END.finditer(self.buffer):
             event = self.buffer[start : end.end()]
             start = end.end()
-            if self._event(event, now) or not self.strip:
-                out.append(event)
+            out.append(self._event(event, now))
         self.buffer = self.buffer[start:]
-        return chunk if not self.strip else b"".join(out)
+        return b"".join(out) if self._edits() else chunk
 
     def flush(self, now: float) -> bytes:
-        """The end of the reply: what was held back of an unterminated last event."""
-        if not (self.sse and self.parse) or not self.buffer.strip():
+        """The end of the reply: what was held back (an unterminated last event, or the whole
+        body of a non-streamed reply that kvscope edits)."""
+        if not self.parse:
+            return b""
+        if not self.sse:  # the body stays in the buffer: finish parses it
+            if not self.rewrite:
+                return b""
+            return self.engine.without_prompt_ids(self.buffer, None) or b""
+        if not self.buffer.strip():
             return b""
         tail, self.buffer = self.buffer, b""
-        keep = self._event(tail, now)
-        return tail if (keep and self.strip) else b""
+        kept = self._event(tail, now)
+        return kept if self._edits() else b""
 
-    def _event(self, event: bytes, now: float) -> bool:
-        """Read one SSE event; False if it is the usage chunk kvscope asked for (to drop)."""
+    def _edits(self) -> bool:
+        """Whether the app's stream is re-chunked (some events are edited or dropped)."""
+        return self.strip or self.rewrite
+
+    def _event(self, event: bytes, now: float) -> bytes:
+        """Read one SSE event -> what the app gets of it: b"" for the usage chunk kvscope asked
+        for and for an event only the prompt-ids fields brought, their ids taken out."""
         data = b"\n".join(
             line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
         )
         if not data or data.strip() == b"[DONE]":
-            return True
+            return event
         try:
             chunk = json.loads(data)
             self.seen.take_chunk(chunk, now)
         except (ValueError, TypeError, AttributeError) as err:
             self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
-            return True
-        return not (self.strip and isinstance(chunk, dict) and not chunk.get("choices"))
+            return event
+        if self.engine_ids is None:
+            self.engine_ids = self.engine.reply_prompt_ids(chunk)
+        if self.strip and not chunk.get("choices"):
+            return b""
+        if self.rewrite:
+            return self.engine.without_prompt_ids(event, chunk) or b""
+        return event
 
     @contextmanager
     def reading(self) -> Iterator[None]:
@@ -223,7 +260,9 @@ class InFlight:
             return None
         if not self.sse:
             try:
-                self.seen.take_reply(json.loads(self.buffer))
+                reply = json.loads(self.buffer)
+                self.seen.take_reply(reply)
+                self.engine_ids = self.engine.reply_prompt_ids(reply)
             except (ValueError, TypeError, AttributeError) as err:
                 return failure(ValueError(f"{type(err).__name__}: {err}"))
         if self.seen.usage is None:
@@ -268,7 +307,7 @@ class InFlight:
                 extra = dict(
                     ctx.instrument(
                         self.sent, self.request_uuid, ident.hints, self.seen.final,
-                        record.prompt_tokens,
+                        record.prompt_tokens, self.engine_ids,
                     )
                 )  # fmt: skip
             except Exception:  # a prompt kvscope cannot render is a row without its ids
