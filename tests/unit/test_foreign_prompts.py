@@ -140,6 +140,9 @@ def test_completions_prompt_string_gets_special_tokens_and_ids_are_taken_as_sent
     assert sink.ids()["s"][0] == bos and len(sink.ids()["s"]) == 4
     assert sink.ids()["s"][1:] == tuple(chat.encode_text("w1 w2 w3"))
     assert cols["prompt_token_source"] == "tokenizer" and cols["prompt_token_mismatch"] is False
+    # no fixed_messages hint: the fixed part is unknown, not 0
+    assert cols["fixed_prefix_tokens"] is None and cols["dynamic_suffix_tokens"] is None
+    cols = run({"model": "m", "prompt": "w1 w2 w3"}, "s", {"fixed_messages": 0}, None, 4)
     assert cols["fixed_prefix_tokens"] == 0 and cols["dynamic_suffix_tokens"] == 4
     cols = run({"model": "m", "prompt": [7, 8, 9]}, "i", {}, None, 3)
     assert sink.ids()["i"] == (7, 8, 9) and cols["prompt_token_source"] == "request"

@@ -66,7 +66,9 @@ class PromptInstrument:
         messages = body.get("messages")
         if self.store_prompts and messages is not None:
             out["raw_messages_json"] = json.dumps(messages, ensure_ascii=False)
-        fixed_messages = int(hints.get("fixed_messages") or 0)
+        # the fixed part is what the app says it is: no hint, no fixed_prefix_tokens (null)
+        hint = hints.get("fixed_messages")
+        fixed_messages = None if hint is None else int(hint)
         if isinstance(messages, list):
             pt = self._chat(body, messages, fixed_messages, engine_ids)
         else:
@@ -98,7 +100,7 @@ class PromptInstrument:
         self,
         body: Mapping[str, Any],
         messages: list[Any],
-        fixed_messages: int,
+        fixed_messages: int | None,
         engine_ids: Sequence[int] | None,
     ) -> _Prompt | None:
         msgs = template_messages(messages)
@@ -115,10 +117,14 @@ class PromptInstrument:
             ids, source = tuple(self.tokens.encode_text(text)), "tokenizer"
         else:
             return None
-        fixed: int | None = 0 if fixed_messages <= 0 else None
-        if fixed_messages >= len(messages):
+        fixed: int | None = None
+        if fixed_messages is None:
+            pass
+        elif fixed_messages <= 0:
+            fixed = 0
+        elif fixed_messages >= len(messages):
             fixed = len(ids)
-        elif fixed is None and msgs is not None and self.tokens is not None:
+        elif msgs is not None and self.tokens is not None:
             try:
                 fixed = self.tokens.fixed_prefix(ids, msgs, fixed_messages, tools)
             except Exception:
@@ -126,11 +132,11 @@ class PromptInstrument:
         return _Prompt(ids, source, text, fixed)
 
     def _completion(
-        self, prompt: Any, fixed_messages: int, engine_ids: Sequence[int] | None
+        self, prompt: Any, fixed_messages: int | None, engine_ids: Sequence[int] | None
     ) -> _Prompt | None:
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]  # a batch of one prompt is that prompt
-        fixed = 0 if fixed_messages <= 0 else None  # a raw prompt has no messages
+        fixed = 0 if fixed_messages == 0 else None  # a raw prompt has no messages
         text = prompt if isinstance(prompt, str) else None
         if engine_ids is not None and (text is not None or _is_ids(prompt)):
             return _Prompt(tuple(engine_ids), "engine", text, fixed)
