@@ -83,3 +83,29 @@ def test_unknown_workload_counts_are_left_out_not_zero(analysis: RunAnalysis) ->
     metrics = run_metrics(analysis, WorkloadOutcome())
     assert not {"workflows_run", "workflows_failed", "unparsed_verdicts"} & set(metrics)
     assert metrics["reconcile.cached_tokens_total.difference"] == 0.0
+
+
+def test_calls_without_agent_thread_or_workflow_are_analysed_and_drawn(tmp_path: Path) -> None:
+    """An app's calls made outside any graph (agent, thread, workflow unknown) are rows like any
+    other: every table, figure and the report take them, and they are never dropped."""
+    run_dir = tmp_path / RUN
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded-runs" / RUN, run_dir)
+    path = run_dir / "requests.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows[::3]:
+        row.update(agent_id=None, previous_agent_id=None, thread_id=None, workflow_run_id=None,
+                   turn_id=None, graph_node=None, workflow_concurrency=None)  # fmt: skip
+    for row in rows[1::3]:
+        row["agent_id"] = "my custom agent"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    finalize(run_dir)
+    analysis = analyze_run(run_dir)
+    assert analysis.rows == len(rows)
+    assert sum(a.calls for a in analysis.agents) == len(rows)
+    assert {a.agent_id for a in analysis.agents} >= {None, "my custom agent"}
+    tracking = FakeTracking()
+    publish(analysis, tracking, WorkloadOutcome())  # type: ignore[arg-type]
+    for name in (files.REPORT_HTML, files.TIMELINE_PNG, files.SUMMARY_JSON):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert not (run_dir / files.REPORT_ERROR).exists()
+    assert tracking.metrics["my custom agent.calls"] == len(rows[1::3])

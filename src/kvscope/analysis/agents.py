@@ -11,8 +11,11 @@ from kvscope.records.requests import STATUS_OK
 from kvscope.workload.prompts import AGENTS as AGENT_ORDER  # the PEER graph's agents, in order
 
 
-def agent_key(agent: str) -> tuple[int, str]:
-    """Sort key: PEER order first, then other agents by name (SQL: turns.agent_order)."""
+def agent_key(agent: str | None) -> tuple[int, str]:
+    """Sort key: PEER order first, then other agents by name, then calls no agent was named for
+    (None) (SQL: turns.agent_order)."""
+    if agent is None:
+        return (len(AGENT_ORDER) + 1, "")
     return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
 
 

@@ -35,8 +35,8 @@ COMPONENT_COLORS = {
 }
 
 
-def color(agent: str) -> str:
-    return agent_color(agent)
+def color(agent: str | None) -> str:
+    return agent_color(None if agent == NO_AGENT else agent)
 
 
 def data_uri(fig: Figure) -> str:
@@ -59,8 +59,18 @@ def file_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+NO_AGENT = "(no agent)"  # the label of calls no agent was named for (agent_id null)
+_AGENT_COLUMNS = ("agent_id", "to_agent", "evictor_agent_id", "victim_agent_id")
+
+
 def _rows(table: pa.Table, skip_all: bool = True) -> list[dict[str, Any]]:
-    return [r for r in table.to_pylist() if not (skip_all and r.get("agent_id") == ALL)]
+    """The table's rows, agents labelled (null -> NO_AGENT), the "all" row left out if asked."""
+    rows = [r for r in table.to_pylist() if not (skip_all and r.get("agent_id") == ALL)]
+    for r in rows:
+        for column in _AGENT_COLUMNS:
+            if column in r and r[column] is None:
+                r[column] = NO_AGENT
+    return rows
 
 
 PROVENANCE_PARTS = (  # (column, label, color): cached in blues/greens, uncached in warm colours
@@ -83,7 +93,8 @@ def provenance_bars(sums: dict[str, dict[str, int]]) -> str | None:
     left = [0] * len(agents)
     for column, label, tint in PROVENANCE_PARTS:
         values = [sums[a][column] for a in agents]
-        ax.barh(agents, values, left=left, color=tint, label=label)
+        labels = [NO_AGENT if a is None else a for a in agents]
+        ax.barh(labels, values, left=left, color=tint, label=label)
         left = [x + v for x, v in zip(left, values, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("prompt tokens, summed over the agent's calls")
@@ -121,7 +132,9 @@ def agent_bars(agents: pa.Table) -> str | None:
 
 def turn_lines(turns: pa.Table) -> str | None:
     """Weighted hit ratio per agent across PEER turns (agent_turns)."""
-    rows = [r for r in turns.to_pylist() if r["weighted_hit_ratio"] is not None]
+    rows = [
+        r for r in _rows(turns) if r["weighted_hit_ratio"] is not None and r["turn_id"] is not None
+    ]  # a call outside any graph has no turn
     if len({r["turn_id"] for r in rows}) < 2:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
@@ -142,7 +155,7 @@ def turn_lines(turns: pa.Table) -> str | None:
 
 def _same_agent_row(pairs: pa.Table, tos: list[str], value: str) -> list[Any]:
     """Per "to" agent, the same-agent return's value (None where there is none)."""
-    got = {r["to_agent"]: r[value] for r in pairs.to_pylist() if r["kind"] == SAME_AGENT}
+    got = {r["to_agent"]: r[value] for r in _rows(pairs, False) if r["kind"] == SAME_AGENT}
     return [got.get(t) for t in tos]
 
 
@@ -196,7 +209,7 @@ def transition_heatmap(pairs: pa.Table) -> str | None:
 
 def latency_stack(breakdown: pa.Table) -> str | None:
     """Each agent's time on the workflows' critical paths, by component (agent_breakdown)."""
-    rows = [r for r in breakdown.to_pylist() if r["path_ms"]]
+    rows = [r for r in _rows(breakdown) if r["path_ms"]]
     if not rows:
         return None
     names = [r["agent_id"] for r in rows]
@@ -226,7 +239,7 @@ def ttft_scatter(calls: pa.Table, fit: PrefillFit | None) -> str | None:
     """TTFT vs new prefill tokens per successful call, coloured by agent (latency.call_rows)."""
     rows = [
         r
-        for r in calls.to_pylist()
+        for r in _rows(calls, False)
         if r["status"] == "ok" and r["ttft_ms"] is not None and r["new_prefill"] is not None
     ]
     if not rows:
@@ -258,7 +271,7 @@ def ttft_scatter(calls: pa.Table, fit: PrefillFit | None) -> str | None:
 
 def eviction_heatmap(pairs: pa.Table) -> str | None:
     """Evictor agent x victim agent: blocks evicted, harmful recomputed tokens (eviction_pairs)."""
-    rows = pairs.to_pylist()
+    rows = _rows(pairs, False)
     if not rows:
         return None
     evictors = sorted({r["evictor_agent_id"] for r in rows}, key=agent_key)

@@ -127,7 +127,7 @@ def latency(run: RunAnalysis) -> Section:
     short = run.workflows.set_column(
         0,
         "workflow_run_id",
-        pa.array([w[:8] for w in run.workflows["workflow_run_id"].to_pylist()], pa.string()),
+        pa.array([w and w[:8] for w in run.workflows["workflow_run_id"].to_pylist()], pa.string()),
     )
     return Section(
         "latency",
