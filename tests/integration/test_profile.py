@@ -156,12 +156,19 @@ class Two(TypedDict):
     text: str
 
 
-def two_agents(llm: ChatOpenAI) -> Any:
+def two_agents(llm: ChatOpenAI, asynchronous: bool) -> Any:
+    """planner -> writer; the writer async when `asynchronous` (then the graph needs ainvoke)."""
+
     def planner(state: Two) -> dict[str, str]:
         return {"text": str(llm.invoke(f"Plan: {state['text']}").content)}
 
-    async def writer(state: Two) -> dict[str, str]:
+    def sync_writer(state: Two) -> dict[str, str]:
+        return {"text": str(llm.invoke(f"Write: {state['text']}").content)}
+
+    async def async_writer(state: Two) -> dict[str, str]:
         return {"text": str((await llm.ainvoke(f"Write: {state['text']}")).content)}
+
+    writer = async_writer if asynchronous else sync_writer
 
     g = StateGraph(Two)
     g.add_node("planner", planner)
@@ -184,8 +191,8 @@ def test_library_profile_in_a_plain_script(up: Up, tmp_path: Path) -> None:
                          runs_dir=tmp_path / "runs") as run:  # fmt: skip
         assert os.environ["OPENAI_BASE_URL"] == run.base_url
         llm = ChatOpenAI(model=run.model, max_tokens=4, temperature=0)  # from the environment
-        graph = two_agents(llm)
-        asyncio.run(graph.ainvoke({"text": "tea"}, {"configurable": {"thread_id": "a"}}))
+        graph = two_agents(llm, asynchronous=False)
+        graph.invoke({"text": "tea"}, {"configurable": {"thread_id": "a"}})
         with kvscope.agent("outside"):
             llm.invoke("Hello")
     assert "OPENAI_BASE_URL" not in os.environ or os.environ["OPENAI_BASE_URL"] != run.base_url
@@ -202,7 +209,8 @@ def test_library_profile_inside_a_running_event_loop(up: Up, tmp_path: Path) -> 
     async def main() -> kvscope.Profile:
         async with kvscope.profile(name="loop", engine=engine_file(up, tmp_path),
                                    runs_dir=tmp_path / "runs") as run:  # fmt: skip
-            graph = two_agents(ChatOpenAI(model=run.model, max_tokens=4, temperature=0))
+            llm = ChatOpenAI(model=run.model, max_tokens=4, temperature=0)
+            graph = two_agents(llm, asynchronous=True)
             await asyncio.gather(*(
                 graph.ainvoke({"text": t}, {"configurable": {"thread_id": t}})
                 for t in ("tea", "coffee")
