@@ -27,7 +27,9 @@ def autologged(tmp_path: Path) -> Iterator[str]:
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.tracing.reset()
-    experiment_id = mlflow.set_experiment("app").experiment_id
+    # an explicit artifact root: the default is ./mlruns of the cwd
+    experiment_id = mlflow.create_experiment("app", artifact_location=tmp_path.as_uri())
+    mlflow.set_experiment(experiment_id=experiment_id)
     mlflow.langchain.autolog()
     yield experiment_id
     mlflow.langchain.autolog(disable=True)
