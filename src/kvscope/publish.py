@@ -15,6 +15,7 @@ from kvscope.probe.tracing import TraceAudit, TrackingRun
 from kvscope.records import run_dir as files
 from kvscope.report import plots, timeline
 from kvscope.report.pages import write_run_report
+from kvscope.traces import TraceWrite, write_traces
 
 
 class _Workflow(Protocol):
@@ -91,14 +92,22 @@ def publish(
     for name in files.ARTIFACTS:
         if (analysis.run_dir / name).exists():
             tracking.log_artifact(analysis.run_dir / name)
-    # After a failure, the workflows that got as far as a call are the traces to expect.
-    started = len(set(analysis.requests["workflow_run_id"].to_pylist()))
-    expected = workload.workflows if failure is None and workload.workflows is not None else started
-    audit = tracking.finish(
-        expected if traces else 0, status="FINISHED" if failure is None else "FAILED"
-    )
+    # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
+    expected = write_run_traces(analysis, tracking).expected if traces else 0
+    audit = tracking.finish(expected, status="FINISHED" if failure is None else "FAILED")
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
     return RunOutcome(analysis, workload, tracking.run_id, tracking.tracking_uri, audit, error)
+
+
+def write_run_traces(analysis: RunAnalysis, tracking: TrackingRun) -> TraceWrite:
+    """The run's MLflow traces from its finalized table and streams (kvscope/traces.py)."""
+    return write_traces(
+        analysis.run_dir,
+        analysis.requests,
+        client=tracking.client,
+        experiment_id=tracking.experiment_id,
+        run_id=tracking.run_id or "",
+    )
 
 
 def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float]:

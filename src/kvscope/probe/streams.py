@@ -8,6 +8,7 @@ its own part files, `<stream>.<pid>`, which the owner merges into the streams on
 from collections.abc import Callable
 from pathlib import Path
 
+from kvscope.probe import app_spans
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
@@ -53,6 +54,7 @@ class CallStreams:
         )
 
     def row(self, record: RequestRecord) -> None:
+        record = app_spans.annotate(record)
         self.requests.append(record)
         self.on_row(record)
 
