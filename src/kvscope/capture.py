@@ -110,7 +110,8 @@ class CaptureSession:
         assert self.base_url is not None and self.model is not None and self.tracking is not None
         model_dir = self.engine.model_facts().get("path")
         spec = child.ChildSpec.of(self.context, self.cfg, self.run_dir, self.base_url, model_dir)
-        return child.environment(spec, self.model, self.tracking.tracking_uri)
+        tracking = self.tracking
+        return child.environment(spec, self.model, tracking.tracking_uri, tracking.experiment_id)
 
     def open(self) -> "CaptureSession":
         try:

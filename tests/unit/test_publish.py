@@ -102,7 +102,7 @@ def test_calls_without_agent_thread_or_workflow_are_analysed_and_drawn(tmp_path:
     assert sum(a.calls for a in analysis.agents) == len(rows)
     assert {a.agent_id for a in analysis.agents} >= {None, "my custom agent"}
     tracking = FakeTracking()
-    publish(analysis, tracking, WorkloadOutcome())  # type: ignore[arg-type]
+    publish(analysis, tracking, WorkloadOutcome(), traces=False)  # type: ignore[arg-type]
     for name in (files.REPORT_HTML, files.TIMELINE_PNG, files.SUMMARY_JSON):
         assert (run_dir / name).stat().st_size > 0, name
     assert not (run_dir / files.REPORT_ERROR).exists()

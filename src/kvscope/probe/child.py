@@ -75,7 +75,9 @@ class ChildSpec:
         return cls(**{**data, "run": RunInfo(**data["run"])})
 
 
-def environment(spec: ChildSpec, model: str, tracking_uri: str | None) -> dict[str, str]:
+def environment(
+    spec: ChildSpec, model: str, tracking_uri: str | None, experiment_id: str | None = None
+) -> dict[str, str]:
     """The variables a profiled program gets (added to the caller's environment)."""
     path = spec.write()
     python_path = [str(BOOT_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -86,8 +88,10 @@ def environment(spec: ChildSpec, model: str, tracking_uri: str | None) -> dict[s
         CAPTURE_ENV: str(path),
         "PYTHONPATH": os.pathsep.join(python_path),
     }
-    if tracking_uri:  # the app's own MLflow traces (autolog) land in kvscope's store
-        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    if tracking_uri:  # the app's own MLflow traces (autolog) land in kvscope's store and
+        env["MLFLOW_TRACKING_URI"] = tracking_uri  # experiment, where publish links them to
+    if experiment_id:  # the run (traces.link_app_traces)
+        env["MLFLOW_EXPERIMENT_ID"] = experiment_id
     return env
 
 
