@@ -299,3 +299,18 @@ def test_profiled_failed_call_is_a_row_and_ends_only_its_workflow() -> None:
         "http_500",
     )
     assert [r.status for r in profile.rows].count("ok") == 21
+
+
+def test_the_app_imports_nothing_of_the_profiler() -> None:
+    """peer.py and driver.py are the app: kvscope's config and its own workload modules only."""
+    import ast
+
+    from helpers import ROOT
+
+    allowed = ("kvscope.config", "kvscope.errors", "kvscope.workload")
+    for name in ("peer.py", "driver.py"):
+        tree = ast.parse((ROOT / "src/kvscope/workload" / name).read_text())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        kvscope = [m for m in imported if m.startswith("kvscope")]
+        assert kvscope and all(m.startswith(allowed) for m in kvscope), (name, kvscope)
