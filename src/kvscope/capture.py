@@ -1,5 +1,6 @@
 """A capture session: the engine, kvscope's collectors and a run directory, open while a workload
-runs. Every model call made through `session.probe` becomes a row of the request stream.
+runs. Every call the process makes to the engine inside `session.intercept()` becomes a row of
+the request stream.
 
     with CaptureSession(cfg) as session:   # engine up (or reused / attached), cold cache,
         ...drive the workload...            # /metrics sampler, KV event listener, MLflow run
@@ -35,7 +36,6 @@ from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache, running
 from kvscope.errors import EngineError
 from kvscope.probe import child
-from kvscope.probe import client as legacy
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.params import mlflow_params
 from kvscope.probe.streams import CallStreams
@@ -77,20 +77,12 @@ class CaptureSession:
         self.model: str | None = None  # the served model name, once open
         self._scraper: MetricsScraper | None = None
         self._listener: KvEventListener | None = None
-        self._probe: legacy.Probe | None = None
         self._closed = False
 
     @property
     def measuring(self) -> bool:
         """Whether the session got as far as its MLflow run: then what it holds is kept."""
         return self.tracking is not None
-
-    @property
-    def probe(self) -> legacy.Probe:
-        """The profiled client: each call through it is one row of the request stream."""
-        if self._probe is None:
-            raise RuntimeError("the capture session is not open")
-        return self._probe
 
     @property
     def context(self) -> CallContext:
@@ -143,17 +135,6 @@ class CaptureSession:
         self._streams = CallStreams(run_dir, tokens=chat is not None, payloads=cfg.tracking.traces)
         self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
         self._streams.on_row = self._on_row
-        info = self._run_info(caps, env)
-        self._probe = legacy.Probe(
-            self.engine,
-            handle.endpoints.base_url,
-            legacy.RunInfo(**{k: v for k, v in info.to_dict().items() if k != "benchmark_run_id"}),
-            timeout_s=cfg.workload.request_timeout_s,
-            sink=self._streams.row,
-            tokens=chat,
-            token_sink=self._streams.token,
-            store_prompts=cfg.workload.store_prompts,
-        )
         self._start_collectors(caps, handle)
 
     @property

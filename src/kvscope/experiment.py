@@ -6,8 +6,10 @@
     analysis = analyze_run(session.run_dir)     # every analysis, once
     publish(analysis, session.tracking, ...)    # summary.json, report.html, MLflow
 
-The workload step is the only one that knows PEER: any code that makes its model calls through
-`session.probe` while the session is open leaves the same run directory. What was measured is
+The workload step is the only one that knows PEER, and it knows it as an app: the PEER graph
+calls the engine with the OpenAI SDK like any app, and `session.intercept()` turns each of those
+calls into a row, named from LangGraph's run context; any app run inside the same block leaves
+the same run directory. What was measured is
 kept whatever happens: rows are on disk as each call ends, and the tables, the summary and the
 MLflow run are written also after a failure or Ctrl-C.
 """
@@ -22,8 +24,6 @@ from kvscope.config import ExperimentConfig, check_experiment
 from kvscope.engines.base import Engine
 from kvscope.errors import ConfigError
 from kvscope.finalize import finalize
-from kvscope.probe.runtime import ProfiledRuntime
-from kvscope.probe.tracing import Tracer
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
 from kvscope.workload import driver
 
@@ -64,23 +64,20 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
 def drive(
     session: CaptureSession, cfg: ExperimentConfig, hooks: Hooks
 ) -> list[driver.WorkflowResult]:
-    """Run the configured PEER workflows through the session's probe, with their MLflow traces."""
-    runtime = ProfiledRuntime(session.probe, Tracer(enabled=cfg.tracking.traces), "peer")
+    """Run the configured PEER workflows against the session's engine, every call intercepted."""
+    assert session.base_url is not None and session.model is not None
     tokenizer = _tokenizer(session.engine) if cfg.workload.mode == "synthetic" else None
-
-    async def workflows() -> list[driver.WorkflowResult]:
-        try:
-            return await driver.run_workflows(
-                runtime,
+    with session.intercept():
+        return asyncio.run(
+            driver.run_workflows(
+                session.base_url,
+                session.model,
                 cfg.workload,
-                session.run_id,
+                thread_prefix=session.run_id,
                 tokenizer=tokenizer,
                 on_workflow_done=lambda _: hooks.on_workflow_done(),
             )
-        finally:
-            await session.probe.close()
-
-    return asyncio.run(workflows())
+        )
 
 
 def _tokenizer(engine: Engine) -> Any:

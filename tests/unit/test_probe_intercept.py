@@ -247,3 +247,33 @@ def test_nested_interceptors_uninstall_cleanly(rows: Rows) -> None:
     assert len(rows) == 1
     sdk(Stub()).chat.completions.create(model="m", messages=HI)
     assert len(rows) == 1
+
+
+class Rewritten(Stub):
+    """The stand-in vLLM with its stream events replaced."""
+
+    def __init__(self, rewrite: Any) -> None:
+        super().__init__()
+        self.rewrite = rewrite
+
+    def events(self, path: str, body: dict[str, Any]) -> list[str]:
+        return self.rewrite(super().events(path, body))
+
+
+def test_a_malformed_stream_is_a_row_and_the_app_gets_its_error(rows: Rows) -> None:
+    stub = Rewritten(lambda events: ["data: {not json\n\n"])
+    with intercepting(rows), pytest.raises(ValueError):
+        chat_stream(sdk(stub), stream_options={"include_usage": True})
+    [r] = rows
+    assert (r.status, r.error_type) == ("error", "malformed_stream")
+    assert r.error_message and r.prompt_tokens is None
+
+
+def test_cached_tokens_not_reported_are_none_not_zero(rows: Rows) -> None:
+    hide = '"prompt_tokens_details":null,"x":{'
+    stub = Rewritten(lambda events: [e.replace('"prompt_tokens_details":{', hide) for e in events])
+    with intercepting(rows):
+        chat_stream(sdk(stub))
+    [r] = rows
+    assert r.status == "ok" and r.prompt_tokens == USAGE["usage"]["prompt_tokens"]
+    assert (r.cached_tokens, r.new_prefill_tokens, r.reported_cache_hit_ratio) == (None, None, None)

@@ -3,22 +3,19 @@
 import asyncio
 import hashlib
 import json
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from helpers import ROOT
+from peer_engine import BASE, ScriptedEngine
 
 from kvscope.config import WorkloadConfig, load_yaml, parse_experiment
 from kvscope.errors import ConfigError
-from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
 from kvscope.workload.driver import assign_tasks, run_workflows
-from kvscope.workload.prompts import AGENTS, StateView
-from kvscope.workload.runtime import CallIds, LlmCall, LlmReply, PromptInfo
+from kvscope.workload.prompts import AGENTS, PromptInfo, StateView
 from kvscope.workload.taskset import load_tasks
 from kvscope.workload.tools import calculate, format_hits, lookup
 
@@ -46,38 +43,34 @@ DEMO_PROMPTS_SHA256 = {
 }
 
 
-class _Span:
-    def set_output(self, output: Any) -> None:
-        pass
+@dataclass(frozen=True)
+class Ids:
+    thread_id: str
+    turn_id: int
+    agent_id: str
 
 
 class Recorder:
-    """An AgentRuntime that records each call's messages and answers with canned replies."""
+    """Each call's identity, messages and prompt annotations, from a scripted engine."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[CallIds, list[dict[str, str]], PromptInfo]] = []
+    def __init__(self, engine: ScriptedEngine) -> None:
+        self.calls: list[tuple[Ids, list[dict[str, str]], PromptInfo]] = [
+            (Ids(c.thread_id, c.turn, c.agent), c.messages, prompt_info(c.meta))
+            for c in engine.calls
+        ]
 
-    async def llm(self, call: LlmCall) -> LlmReply:
-        self.calls.append((call.ids, call.messages, call.prompt))
-        return LlmReply(str(uuid.uuid4()), REPLIES[call.ids.agent_id], STATUS_OK, None)
 
-    @contextmanager
-    def workflow_span(self, *_: str) -> Iterator[None]:
-        yield
-
-    @contextmanager
-    def agent_span(self, ids: CallIds) -> Iterator[None]:
-        yield
-
-    @contextmanager
-    def tool_span(self, name: str, inputs: dict[str, Any]) -> Iterator[_Span]:
-        yield _Span()
+def prompt_info(meta: dict[str, Any]) -> PromptInfo:
+    return PromptInfo(
+        meta["prompt_template_version"], meta["layout"], meta.get("sharing"),
+        meta["fixed_messages"],
+    )  # fmt: skip
 
 
 def record(cfg: WorkloadConfig, run_id: str = "pin") -> Recorder:
-    rt = Recorder()
-    asyncio.run(run_workflows(rt, cfg, run_id))
-    return rt
+    engine = ScriptedEngine(reply=lambda call: REPLIES[call.agent])
+    asyncio.run(run_workflows(BASE, "smollm2", cfg, thread_prefix=run_id, client=engine.client()))
+    return Recorder(engine)
 
 
 def one_workflow(sharing_mode: str, cycles: int = 2, **kw: Any) -> Recorder:

@@ -1,7 +1,7 @@
 """What one OpenAI-compatible reply said, and the measured columns of its row.
 
-Shared by kvscope's own client (probe/client.py) and the interception of an app's calls
-(probe/intercept.py), so that both read streams, usage and failures the same way:
+Used by the interception of an app's calls (probe/intercept.py, probe/wire.py), so that every
+call's stream, usage and failure are read the same way:
 
 - TTFT: submission -> the first content token; TPOT: first -> last content token over
   (output_tokens - 1); e2e: submission -> the end of the reply. A non-streamed reply has e2e only.

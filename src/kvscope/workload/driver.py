@@ -1,16 +1,25 @@
-"""The driver: cfg.workflows PEER workflows, at most cfg.concurrency at once, each one trace."""
+"""The driver: cfg.workflows PEER workflows, at most cfg.concurrency at once, one invocation each.
+
+It is the app's own runner, not a profiler: it calls the engine at `base_url` (an OpenAI-compatible
+`.../v1`) with one `AsyncOpenAI` client shared by all workflows, and invokes the PEER graph once per
+workflow with a thread id and a fresh root run id (LangChain's config `run_id`), which a profiler
+reading LangGraph's run context takes as the workflow run id.
+"""
 
 import asyncio
+import os
 import random
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import openai
+from langchain_core.runnables import RunnableConfig
+
 from kvscope.config import WorkloadConfig
 from kvscope.errors import ConfigError
-from kvscope.workload.peer import OnCall, PeerAgents, build_graph, cycle_bound, initial_state
-from kvscope.workload.runtime import AgentRuntime
+from kvscope.workload.peer import PeerAgents, build_graph, cycle_bound, initial_state
 from kvscope.workload.synthetic import SyntheticPrompts
 from kvscope.workload.taskset import Problem, TaskSet, load_tasks
 
@@ -37,24 +46,36 @@ def assign_tasks(tasks: TaskSet, workflows: int, seed: int) -> list[Problem]:
     return [order[i % len(order)] for i in range(workflows)]
 
 
-def thread_id_for(benchmark_run_id: str, index: int) -> str:
-    return f"{benchmark_run_id}-t{index:03d}"
+def thread_id_for(prefix: str, index: int) -> str:
+    return f"{prefix}-t{index:03d}"
+
+
+def client_for(base_url: str, cfg: WorkloadConfig) -> openai.AsyncOpenAI:
+    """The app's client: no retries (a failed call is the workflow's outcome), the configured
+    timeout; the key from OPENAI_API_KEY (a local engine takes any)."""
+    key = os.environ.get("OPENAI_API_KEY") or "EMPTY"
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key=key, max_retries=0, timeout=cfg.request_timeout_s
+    )
 
 
 async def run_workflows(
-    runtime: AgentRuntime,
+    base_url: str,
+    model: str,
     cfg: WorkloadConfig,
-    benchmark_run_id: str,
     *,
+    thread_prefix: str = "peer",
     tasks: TaskSet | None = None,
     tokenizer: "Tokenizer | None" = None,
-    on_call: OnCall | None = None,
+    client: openai.AsyncOpenAI | None = None,
     on_workflow_done: Callable[[WorkflowResult], None] | None = None,
 ) -> list[WorkflowResult]:
-    """Run cfg.workflows PEER workflows, at most cfg.concurrency at once; results in index order.
+    """Run cfg.workflows PEER workflows against `model` at `base_url`, at most cfg.concurrency at
+    once; results in index order. Workflow i runs on thread `<thread_prefix>-t<i:03d>`.
 
-    A failed LLM call ends only its own workflow. An exception (a bug, not a failed call)
-    cancels the others and propagates.
+    `client` replaces the default one (`client_for`), e.g. with another transport; it is not
+    closed here. A failed LLM call ends only its own workflow. An exception (a bug, not a failed
+    call) cancels the others and propagates.
     """
     synthetic: SyntheticPrompts | None = None
     problems: Sequence[Problem | None]
@@ -69,7 +90,9 @@ async def run_workflows(
         if not tasks.problems:
             raise ConfigError("workload: the task set has no problems")
         problems = assign_tasks(tasks, cfg.workflows, cfg.seed)
-    graph = build_graph(PeerAgents(runtime, cfg, tasks=tasks, synthetic=synthetic, on_call=on_call))
+    own = client is None
+    api = client if client is not None else client_for(base_url, cfg)
+    graph = build_graph(PeerAgents(api, model, cfg, tasks=tasks, synthetic=synthetic))
     # Each cycle is 4 LangGraph steps; the slack only guards against a routing bug looping.
     recursion_limit = 4 * cycle_bound(cfg) + 8
     gate = asyncio.Semaphore(cfg.concurrency)
@@ -77,19 +100,17 @@ async def run_workflows(
 
     async def one(index: int) -> None:
         async with gate:
-            thread_id = thread_id_for(benchmark_run_id, index)
-            workflow_run_id = str(uuid.uuid4())
-            state = initial_state(
-                benchmark_run_id, thread_id, workflow_run_id, index, problems[index]
-            )
-            with runtime.workflow_span(benchmark_run_id, thread_id, workflow_run_id):
-                final = await graph.ainvoke(
-                    state,
-                    {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit},
-                )
+            thread_id = thread_id_for(thread_prefix, index)
+            run_id = uuid.uuid4()
+            config: RunnableConfig = {
+                "configurable": {"thread_id": thread_id},
+                "run_id": run_id,
+                "recursion_limit": recursion_limit,
+            }
+            final = await graph.ainvoke(initial_state(index, problems[index]), config)
         result = WorkflowResult(
             thread_id=thread_id,
-            workflow_run_id=workflow_run_id,
+            workflow_run_id=str(run_id),
             task_id=final["task_id"],
             cycles=final["cycles"],
             calls=final["calls"],
@@ -101,7 +122,11 @@ async def run_workflows(
         if on_workflow_done is not None:
             on_workflow_done(result)
 
-    async with asyncio.TaskGroup() as group:
-        for index in range(cfg.workflows):
-            group.create_task(one(index))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index in range(cfg.workflows):
+                group.create_task(one(index))
+    finally:
+        if own:
+            await api.close()
     return [r for r in results if r is not None]

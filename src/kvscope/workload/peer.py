@@ -1,45 +1,47 @@
-"""KVFlow's PEER workflow in LangGraph (kvscope.workload.driver runs many of them at once).
+"""KVFlow's PEER workflow as an ordinary LangGraph app (kvscope.workload.driver runs many of them).
 
 Planner -> Executor -> Expresser -> Reviewer -> (Planner | END)
 
-Every node talks to the model and to tracing only through the AgentRuntime it is given
-(kvscope.workload.runtime), so identifiers and measurements are the same for every agent.
+Each node calls the model with the OpenAI SDK's `AsyncOpenAI` it is given (one streamed chat
+completion, temperature 0) and nothing else: no profiler in the nodes. A profiler that intercepts
+the process's calls to the engine (kvscope's `session.intercept()`, or `kvscope profile`) names
+each call from LangGraph's run context: the agent is the node, the turn is the PEER cycle (the
+agent's k-th visit in the invocation), the workflow run is the invocation's root run. What only
+the app knows about its prompts (template version, layout, sharing mode, how many leading
+messages are the fixed part) rides on the nodes as metadata, `{"kvscope": {...}}`: plain data
+that any app can attach, ignored when nothing reads it. The Executor's lookup and calculator are
+LangChain tools, so their time is seen as tool runs of the Executor.
+
+A failed model call (an `openai.APIError`, a malformed stream, or a stream without its usage
+chunk) ends the workflow it belongs to and no other: the node records it in the state and the
+routers send the graph to END.
 """
 
 import operator
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
+import openai
+from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from kvscope.config import WorkloadConfig
-from kvscope.records.requests import STATUS_OK
 from kvscope.workload import prompts, sharing
-from kvscope.workload.runtime import AgentRuntime, CallIds, LlmCall, LlmReply
+from kvscope.workload.prompts import PromptInfo
 from kvscope.workload.synthetic import SyntheticPrompts
 from kvscope.workload.taskset import Problem, TaskSet
 from kvscope.workload.tools import calculate, extract_expression, format_hits, lookup
 
-if TYPE_CHECKING:
-    pass
-
 WORKFLOW_TYPE = "peer"
 PLANNER, EXECUTOR, EXPRESSER, REVIEWER = prompts.AGENTS
-
-OnCall = Callable[[CallIds, LlmReply], None]
+METADATA_KEY = "kvscope"  # the node metadata key a profiler reads the annotations under
 
 
 class PeerState(TypedDict):
-    benchmark_run_id: str
-    thread_id: str
-    workflow_run_id: str
-    workflow_index: int
+    workflow_index: int  # the workflow's index in its batch (synthetic prompts are seeded by it)
     task_id: str | None  # None in synthetic mode
-    turn_id: int  # the PEER cycle of the latest call, from 1
-    previous_agent_id: str | None  # the agent that ran last; None before the first call
+    cycle: int  # the PEER cycle in progress, from 1
     messages: Annotated[list[dict[str, str]], operator.add]  # transcript: question + replies
     turns: Annotated[list[sharing.Turn], operator.add]  # each call: asked + answered (branch)
     plan: str | None
@@ -52,7 +54,7 @@ class PeerState(TypedDict):
     verdict: str | None  # the latest parsed verdict
     done: bool  # the Reviewer's routing decision
     failed_agent: str | None
-    failed_turn: int | None
+    failed_cycle: int | None
     error_type: str | None
 
 
@@ -72,112 +74,125 @@ def loop_done(cfg: WorkloadConfig, cycles: int, verdict: str | None) -> bool:
 
 
 @dataclass(frozen=True)
-class ToolOutputs:
-    lookup: str
-    calculator: str
-    ms: float  # time inside the tool functions, span overhead excluded
+class Reply:
+    """One model call's outcome: its text, or why there is none."""
+
+    content: str | None  # None when the call failed
+    error_type: str | None = None
+
+
+def annotations(info: PromptInfo) -> dict[str, Any]:
+    """The node metadata that tells a profiler about the prompts (kvscope's annotation keys)."""
+    values: dict[str, Any] = {
+        "prompt_template_version": info.template_version,
+        "layout": info.layout,
+        "fixed_messages": info.fixed_messages,
+    }
+    if info.sharing is not None:
+        values["sharing"] = info.sharing
+    return {METADATA_KEY: values}
 
 
 class PeerAgents:
-    """The four node functions, bound to one runtime, configuration and prompt source."""
+    """The four node functions, bound to one model client, configuration and prompt source."""
 
     def __init__(
         self,
-        runtime: AgentRuntime,
+        client: openai.AsyncOpenAI,
+        model: str,
         cfg: WorkloadConfig,
         *,
         tasks: TaskSet | None = None,
         synthetic: SyntheticPrompts | None = None,
-        on_call: OnCall | None = None,
     ) -> None:
         if (tasks is None) == (synthetic is None):
             raise ValueError("PeerAgents needs exactly one of tasks (tasks mode) or synthetic")
-        self.runtime = runtime
-        self.cfg = cfg
-        self.tasks = tasks
-        self.synthetic = synthetic
-        self.on_call = on_call
+        self.client, self.model, self.cfg = client, model, cfg
+        self.tasks, self.synthetic = tasks, synthetic
+        self.lookup_tool, self.calculator_tool = _tools(tasks)
+
+    @property
+    def prompt_info(self) -> PromptInfo:
+        """What the prompts of this configuration are (the same for every call)."""
+        if self.synthetic is not None:
+            return self.synthetic.prompt_info
+        return prompts.prompt_info(self.cfg.layout, self.cfg.sharing)
 
     async def planner(self, state: PeerState) -> dict[str, Any]:
-        turn = state["cycles"] + 1
-        ids = self._ids(state, PLANNER, turn)
-        with self.runtime.agent_span(ids):
-            messages = self._messages(PLANNER, state, turn)
-            reply = await self._llm(ids, messages)
-        return self._update(ids, state, reply, "plan", messages)
+        cycle = state["cycles"] + 1
+        messages = self._messages(PLANNER, state, cycle)
+        reply = await self.complete(messages)
+        return self._update(PLANNER, cycle, state, reply, "plan", messages)
 
     async def executor(self, state: PeerState) -> dict[str, Any]:
-        ids = self._ids(state, EXECUTOR, state["turn_id"])
-        with self.runtime.agent_span(ids):
-            tools = self._run_tools(state)
-            tool_text = f"{tools.calculator}\n{tools.lookup}" if tools else None
-            messages = self._messages(EXECUTOR, state, ids.turn_id, tool_text=tool_text)
-            reply = await self._llm(ids, messages, tool_ms=tools.ms if tools else None)
-        update = self._update(ids, state, reply, "execution_result", messages)
-        if reply.status == STATUS_OK and tools:
+        cycle = state["cycle"]
+        tools = self._run_tools(state)
+        tool_text = f"{tools[0]}\n{tools[1]}" if tools else None
+        messages = self._messages(EXECUTOR, state, cycle, tool_text=tool_text)
+        reply = await self.complete(messages)
+        update = self._update(EXECUTOR, cycle, state, reply, "execution_result", messages)
+        if reply.content is not None and tools:
             # The calculator's value travels with the Executor's words to the Expresser.
-            update["execution_result"] = f"{tools.calculator} | {update['execution_result']}"
+            update["execution_result"] = f"{tools[0]} | {update['execution_result']}"
         return update
 
     async def expresser(self, state: PeerState) -> dict[str, Any]:
-        ids = self._ids(state, EXPRESSER, state["turn_id"])
-        with self.runtime.agent_span(ids):
-            messages = self._messages(EXPRESSER, state, ids.turn_id)
-            reply = await self._llm(ids, messages)
-        return self._update(ids, state, reply, "expression", messages)
+        cycle = state["cycle"]
+        messages = self._messages(EXPRESSER, state, cycle)
+        reply = await self.complete(messages)
+        return self._update(EXPRESSER, cycle, state, reply, "expression", messages)
 
     async def reviewer(self, state: PeerState) -> dict[str, Any]:
-        ids = self._ids(state, REVIEWER, state["turn_id"])
-        with self.runtime.agent_span(ids):
-            messages = self._messages(REVIEWER, state, ids.turn_id)
-            reply = await self._llm(ids, messages)
-        update = self._update(ids, state, reply, "review", messages)
-        if reply.status != STATUS_OK:
+        cycle = state["cycle"]
+        messages = self._messages(REVIEWER, state, cycle)
+        reply = await self.complete(messages)
+        update = self._update(REVIEWER, cycle, state, reply, "review", messages)
+        if reply.content is None:
             return update
         verdict = prompts.parse_verdict(reply.content)
-        cycles = ids.turn_id
         update.update(
-            cycles=cycles,
+            cycles=cycle,
             verdict=verdict,
             unparsed_verdicts=state["unparsed_verdicts"] + int(verdict is None),
-            done=loop_done(self.cfg, cycles, verdict),
+            done=loop_done(self.cfg, cycle, verdict),
         )
         return update
 
-    def _ids(self, state: PeerState, agent: str, turn: int) -> CallIds:
-        return CallIds(
-            benchmark_run_id=state["benchmark_run_id"],
-            thread_id=state["thread_id"],
-            workflow_run_id=state["workflow_run_id"],
-            turn_id=turn,
-            agent_id=agent,
-            previous_agent_id=state["previous_agent_id"],
-            graph_node=agent,
-        )
+    async def complete(self, messages: list[dict[str, str]]) -> Reply:
+        """One streamed chat completion at temperature 0; a failure is a Reply without content.
 
-    async def _llm(
-        self,
-        ids: CallIds,
-        messages: list[dict[str, str]],
-        *,
-        tool_ms: float | None = None,
-    ) -> LlmReply:
-        if self.synthetic is not None:
-            call = LlmCall(messages, ids, self.cfg.synthetic.output_tokens,
-                           self.synthetic.prompt_info, tool_ms, ignore_eos=True)  # fmt: skip
-        else:
-            prompt = prompts.prompt_info(self.cfg.layout, self.cfg.sharing)
-            call = LlmCall(messages, ids, self.cfg.max_tokens, prompt, tool_ms)
-        reply = await self.runtime.llm(call)
-        if self.on_call is not None:
-            self.on_call(ids, reply)
-        return reply
+        Synthetic prompts ask for exactly `synthetic.output_tokens` tokens (vLLM's ignore_eos).
+        """
+        synthetic = self.synthetic is not None
+        extra: dict[str, Any] = {"extra_body": {"ignore_eos": True}} if synthetic else {}
+        max_tokens = self.cfg.synthetic.output_tokens if synthetic else self.cfg.max_tokens
+        parts: list[str] = []
+        usage = None
+        try:
+            stream = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                **extra,
+            )
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    parts.append(choice.delta.content or "")
+                usage = chunk.usage or usage
+        except (openai.APIError, ValueError) as err:  # ValueError: a malformed stream
+            return Reply(None, type(err).__name__)
+        if usage is None:
+            return Reply(None, "incomplete_stream")
+        return Reply("".join(parts))
 
     def _messages(
-        self, agent: str, state: PeerState, turn: int, *, tool_text: str | None = None
+        self, agent: str, state: PeerState, cycle: int, *, tool_text: str | None = None
     ) -> list[dict[str, str]]:
         if self.synthetic is not None:
-            return self.synthetic.messages(agent, state["workflow_index"], turn)
+            return self.synthetic.messages(agent, state["workflow_index"], cycle)
         problem = self._problem(state)
         assert self.tasks is not None
         view = prompts.StateView(
@@ -191,40 +206,26 @@ class PeerAgents:
             documents=self.tasks.documents_for(problem),
             question=problem.question,
             state=view,
-            cycle=turn,
+            cycle=cycle,
             sharing=self.cfg.sharing,
             layout=self.cfg.layout,
             tool_text=tool_text,
             turns=state["turns"],
         )
 
-    def _run_tools(self, state: PeerState) -> ToolOutputs | None:
-        """Lookup + calculator for the Executor, each in its tool span; None when tools are off."""
+    def _run_tools(self, state: PeerState) -> tuple[str, str] | None:
+        """The Executor's tool results (calculator, lookup); None when tools are off."""
         if not self.cfg.tool or self.synthetic is not None:
             return None
-        assert self.tasks is not None
         problem = self._problem(state)
-        docs = [(d.id, d.text) for d in self.tasks.documents_for(problem)]
-        spent = 0.0
-        with self.runtime.tool_span(
-            "lookup", {"question": problem.question, "documents": list(problem.document_ids)}
-        ) as span:
-            start = time.perf_counter()
-            hits = format_hits(lookup(problem.question, docs))
-            spent += time.perf_counter() - start
-            span.set_output(hits)
+        hits = self.lookup_tool.invoke(
+            {"question": problem.question, "document_ids": list(problem.document_ids)}
+        )
         # A 135M model rarely writes a parseable CALC: line; the task's own formula then keeps
-        # the tool step real work, and the span says where the expression came from.
-        expression, source = extract_expression(state["plan"]), "plan"
-        if not expression:
-            expression, source = problem.expression, "task"
-        inputs = {"expression": expression, "source": source}
-        with self.runtime.tool_span("calculator", inputs) as span:
-            start = time.perf_counter()
-            calc = calculate(expression).text
-            spent += time.perf_counter() - start
-            span.set_output(calc)
-        return ToolOutputs(lookup=hits, calculator=calc, ms=spent * 1000.0)
+        # the tool step real work.
+        expression = extract_expression(state["plan"]) or problem.expression
+        calc = self.calculator_tool.invoke({"expression": expression})
+        return calc, hits
 
     def _problem(self, state: PeerState) -> Problem:
         assert self.tasks is not None and state["task_id"] is not None
@@ -232,23 +233,41 @@ class PeerAgents:
 
     @staticmethod
     def _update(
-        ids: CallIds, state: PeerState, reply: LlmReply, field: str, sent: list[dict[str, str]]
+        agent: str,
+        cycle: int,
+        state: PeerState,
+        reply: Reply,
+        field: str,
+        sent: list[dict[str, str]],
     ) -> dict[str, Any]:
-        update: dict[str, Any] = {
-            "previous_agent_id": ids.agent_id,
-            "turn_id": ids.turn_id,
-            "calls": state["calls"] + 1,
-        }
-        if reply.status != STATUS_OK:
-            update.update(
-                failed_agent=ids.agent_id, failed_turn=ids.turn_id, error_type=reply.error_type
-            )
+        update: dict[str, Any] = {"cycle": cycle, "calls": state["calls"] + 1}
+        if reply.content is None:
+            update.update(failed_agent=agent, failed_cycle=cycle, error_type=reply.error_type)
             return update
-        content = reply.content or ""
+        content = reply.content
         update[field] = content
-        update["messages"] = [{"role": "assistant", "name": ids.agent_id, "content": content}]
-        update["turns"] = [sharing.Turn(ids.turn_id, sent[-1]["content"], content)]
+        update["messages"] = [{"role": "assistant", "name": agent, "content": content}]
+        update["turns"] = [sharing.Turn(cycle, sent[-1]["content"], content)]
         return update
+
+
+def _tools(tasks: TaskSet | None) -> tuple[BaseTool, BaseTool]:
+    """The Executor's LangChain tools: a keyword lookup over the task's documents, a calculator."""
+
+    @tool("lookup")
+    def lookup_tool(question: str, document_ids: list[str]) -> str:
+        """The document lines that best match the question's keywords."""
+        if tasks is None:
+            return "lookup: no documents"
+        docs = [(d, tasks.document(d).text) for d in document_ids]
+        return format_hits(lookup(question, docs))
+
+    @tool("calculator")
+    def calculator_tool(expression: str) -> str:
+        """The value of an arithmetic expression (+ - * / ** and parentheses over numbers)."""
+        return calculate(expression).text
+
+    return lookup_tool, calculator_tool
 
 
 # Routers are named module-level functions: a lambda router breaks MLflow's span naming
@@ -270,11 +289,13 @@ def route_after_reviewer(state: PeerState) -> str:
 
 
 def build_graph(agents: PeerAgents) -> CompiledStateGraph:
+    """The compiled PEER graph; every node carries the prompt annotations as its metadata."""
+    meta = annotations(agents.prompt_info)
     graph = StateGraph(PeerState)
-    graph.add_node(PLANNER, agents.planner)
-    graph.add_node(EXECUTOR, agents.executor)
-    graph.add_node(EXPRESSER, agents.expresser)
-    graph.add_node(REVIEWER, agents.reviewer)
+    graph.add_node(PLANNER, agents.planner, metadata=meta)
+    graph.add_node(EXECUTOR, agents.executor, metadata=meta)
+    graph.add_node(EXPRESSER, agents.expresser, metadata=meta)
+    graph.add_node(REVIEWER, agents.reviewer, metadata=meta)
     graph.add_edge(START, PLANNER)
     graph.add_conditional_edges(PLANNER, route_after_planner, [EXECUTOR, END])
     graph.add_conditional_edges(EXECUTOR, route_after_executor, [EXPRESSER, END])
@@ -283,21 +304,11 @@ def build_graph(agents: PeerAgents) -> CompiledStateGraph:
     return graph.compile()
 
 
-def initial_state(
-    benchmark_run_id: str,
-    thread_id: str,
-    workflow_run_id: str,
-    workflow_index: int,
-    problem: Problem | None,
-) -> PeerState:
+def initial_state(workflow_index: int, problem: Problem | None) -> PeerState:
     return PeerState(
-        benchmark_run_id=benchmark_run_id,
-        thread_id=thread_id,
-        workflow_run_id=workflow_run_id,
         workflow_index=workflow_index,
         task_id=problem.id if problem else None,
-        turn_id=1,
-        previous_agent_id=None,
+        cycle=1,
         messages=[{"role": "user", "content": problem.question}] if problem else [],
         turns=[],
         plan=None,
@@ -310,6 +321,6 @@ def initial_state(
         verdict=None,
         done=False,
         failed_agent=None,
-        failed_turn=None,
+        failed_cycle=None,
         error_type=None,
     )

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvscope.config import Layout, Sharing
-from kvscope.workload.runtime import PromptInfo
 from kvscope.workload.taskset import Document
 
 # Unchanged by the RQ5 sharing modes: `documents` renders these prompts byte for byte, and the
@@ -102,6 +101,16 @@ _STATE_LABELS: dict[str, str] = {
     "expression": "Answer draft",
     "review": "Review",
 }
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """What the app knows about its prompts; reaches the rows as annotations (peer.annotations)."""
+
+    template_version: str
+    layout: str  # shared-first | role-first | synthetic
+    sharing: str | None = None  # RQ5 sharing mode (tasks mode)
+    fixed_messages: int = 1  # leading messages identical on every call of this agent
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from kvscope.config import SyntheticConfig
-from kvscope.workload.runtime import PromptInfo
+from kvscope.workload.prompts import PromptInfo
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
