@@ -18,13 +18,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from kvscope.analysis.run import analyze_run
 from kvscope.capture import CaptureSession, Hooks
 from kvscope.config import ExperimentConfig, check_experiment
 from kvscope.engines.base import Engine
 from kvscope.errors import ConfigError
-from kvscope.finalize import finalize
-from kvscope.publish import RunOutcome, WorkloadOutcome, publish
+from kvscope.profiling import conclude
+from kvscope.publish import RunOutcome, WorkloadOutcome
 from kvscope.workload import driver
 
 __all__ = ["Hooks", "RunOutcome", "drive", "run_experiment"]
@@ -44,18 +43,7 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
         if not session.measuring:  # nothing was measured yet: nothing to keep
             raise
         failure = err
-    assert session.tracking is not None
-    hooks.on_stage("writing the request table")
-    finalize(session.run_dir, session.exported_timings())
-    analysis = analyze_run(session.run_dir)
-    outcome = publish(
-        analysis,
-        session.tracking,
-        WorkloadOutcome.of(results),
-        failure=failure,
-        traces=cfg.tracking.traces,
-        on_stage=hooks.on_stage,
-    )
+    outcome = conclude(session, WorkloadOutcome.of(results), failure, hooks.on_stage)
     if isinstance(failure, KeyboardInterrupt | SystemExit):
         raise failure
     return outcome

@@ -1,8 +1,7 @@
-"""MLflow side of a benchmark: one run per configuration, one trace per workflow run.
+"""MLflow side of a run: one MLflow run per configuration (`TrackingRun`) and its trace audit.
 
-Spans are opened by hand (no LangChain autolog: under async `ainvoke` it scatters manual spans
-into stray one-span traces). They are sync context managers; MLflow keeps the current span in a
-contextvar, so each asyncio task (one workflow) gets its own trace.
+The traces themselves (one per graph invocation) are written at publish from the run's streams
+(kvscope/traces.py), or are the app's own (autolog), annotated live (probe/app_spans.py).
 
 What MLflow 3.17 keeps process-global, and what this module does with it:
 - the tracking URI (`mlflow.set_tracking_uri`, also exported as MLFLOW_TRACKING_URI to child
@@ -23,8 +22,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,23 +29,15 @@ from typing import Any, NamedTuple
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import (
-    LiveSpan,
     Metric,
     Param,
-    SpanStatus,
-    SpanStatusCode,
-    SpanType,
     Trace,
 )
 
 from kvscope.config import TrackingConfig
-from kvscope.records.requests import STATUS_OK, RequestRecord
-from kvscope.workload.runtime import CallIds
 
 log = logging.getLogger(__name__)
 
-SESSION_KEY = "mlflow.trace.session"
-TOKEN_USAGE_KEY = "mlflow.chat.tokenUsage"
 SIZE_STATS_KEY = "mlflow.trace.sizeStats"  # written by MLflow: {"num_spans": ..., ...}
 
 QUEUE_SIZE_ENV = "MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE"
@@ -61,152 +50,6 @@ SPAN_BATCH_SIZE = 50
 PARAM_VALUE_LIMIT = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
 TRUNCATED = " ...[truncated]"
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
-
-# LLM span attribute <- RequestRecord field
-_RECORD_ATTRIBUTES = {
-    "agent.id": "agent_id",
-    "workflow.run_id": "workflow_run_id",
-    "request.uuid": "request_uuid",
-    "request.sglang_response_id": "sglang_response_id",
-    "prompt.tokens": "prompt_tokens",
-    "prompt.cached_tokens": "cached_tokens",
-    "prompt.new_prefill_tokens": "new_prefill_tokens",
-    "prompt.reported_cache_hit_ratio": "reported_cache_hit_ratio",
-    "output.tokens": "output_tokens",
-    "latency.ttft_ms": "ttft_ms",
-    "latency.tpot_ms": "tpot_ms",
-    "latency.e2e_ms": "e2e_ms",
-    "tool.ms": "tool_ms",
-    "result.status": "status",
-    "result.error_type": "error_type",
-    "result.finish_reason": "finish_reason",
-}
-
-
-def _known(attributes: dict[str, Any]) -> dict[str, Any]:
-    """Attributes without the unknown ones: None is left off the span, never written as 0."""
-    return {k: v for k, v in attributes.items() if v is not None}
-
-
-def token_usage(record: RequestRecord) -> dict[str, int]:
-    """`mlflow.chat.tokenUsage` from what the engine reported (only the known keys)."""
-    usage: dict[str, int] = {}
-    if record.prompt_tokens is not None:
-        usage["input_tokens"] = record.prompt_tokens
-    if record.output_tokens is not None:
-        usage["output_tokens"] = record.output_tokens
-    if record.prompt_tokens is not None and record.output_tokens is not None:
-        usage["total_tokens"] = record.prompt_tokens + record.output_tokens
-    if record.cached_tokens is not None:
-        usage["cache_read_input_tokens"] = record.cached_tokens
-    return usage
-
-
-class ToolSpanHandle:
-    """What `Tracer.tool` yields (satisfies kvscope.workload.runtime.ToolSpan)."""
-
-    def __init__(self, span: LiveSpan | None) -> None:
-        self._span = span
-
-    def set_output(self, output: Any) -> None:
-        if self._span is not None:
-            self._span.set_outputs(output)
-
-
-class LlmSpan:
-    """What `Tracer.llm` yields; `finish` puts the measured request on the span."""
-
-    def __init__(self, span: LiveSpan | None) -> None:
-        self._span = span
-
-    def finish(self, record: RequestRecord, content: str | None) -> None:
-        if self._span is None:
-            return
-        self._span.set_attributes(
-            _known({a: getattr(record, f) for a, f in _RECORD_ATTRIBUTES.items()})
-        )
-        if usage := token_usage(record):
-            self._span.set_attribute(TOKEN_USAGE_KEY, usage)
-        if content is not None:
-            self._span.set_outputs(content)
-        if record.status != STATUS_OK:
-            reason = record.error_message or record.error_type or record.status
-            self._span.set_status(SpanStatus(SpanStatusCode.ERROR, description=reason))
-
-
-class Tracer:
-    """Manual MLflow spans: workflow (root, one trace) > agent > tool / llm.
-
-    Traces link to the MLflow run active when `workflow` is entered (see TrackingRun).
-    With enabled=False every method is a no-op and nothing reaches MLflow.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-
-    @contextmanager
-    def workflow(
-        self, benchmark_run_id: str, thread_id: str, workflow_run_id: str, workflow_type: str
-    ) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        ids = {
-            "benchmark.run_id": benchmark_run_id,
-            "workflow.run_id": workflow_run_id,
-            "workflow.type": workflow_type,
-            "thread.id": thread_id,
-        }
-        with mlflow.start_span(workflow_type, span_type=SpanType.WORKFLOW, attributes=ids) as span:
-            span.set_inputs({"thread_id": thread_id, "workflow_run_id": workflow_run_id})
-            mlflow.update_current_trace(tags=ids, metadata={SESSION_KEY: thread_id})
-            yield
-
-    @contextmanager
-    def agent(self, ids: CallIds) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        attributes = _known(
-            {
-                "agent.id": ids.agent_id,
-                "agent.previous_id": ids.previous_agent_id,
-                "agent.turn_id": ids.turn_id,
-                "workflow.run_id": ids.workflow_run_id,
-                "thread.id": ids.thread_id,
-                "graph.node": ids.graph_node,
-            }
-        )
-        with mlflow.start_span(ids.agent_id, span_type=SpanType.AGENT, attributes=attributes):
-            yield
-
-    @contextmanager
-    def tool(self, name: str, inputs: dict[str, Any]) -> Iterator[ToolSpanHandle]:
-        if not self.enabled:
-            yield ToolSpanHandle(None)
-            return
-        with mlflow.start_span(name, span_type=SpanType.TOOL) as span:
-            span.set_inputs(inputs)
-            yield ToolSpanHandle(span)
-
-    @contextmanager
-    def llm(
-        self, ids: CallIds, request_uuid: str, messages: list[dict[str, str]], model: str
-    ) -> Iterator[LlmSpan]:
-        if not self.enabled:
-            yield LlmSpan(None)
-            return
-        # Identity goes on at start so that a call that raises still says whose it was.
-        attributes = {
-            "agent.id": ids.agent_id,
-            "agent.turn_id": ids.turn_id,
-            "workflow.run_id": ids.workflow_run_id,
-            "request.uuid": request_uuid,
-            "mlflow.llm.model": model,
-        }
-        with mlflow.start_span("llm", span_type=SpanType.LLM, attributes=attributes) as span:
-            span.set_inputs({"model": model, "messages": messages})
-            yield LlmSpan(span)
 
 
 @dataclass(frozen=True)
