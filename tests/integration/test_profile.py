@@ -65,6 +65,7 @@ def test_profile_passes_the_programs_output_and_status(supervisor: dict[str, Any
     assert "[tides] Why do tides happen?" in done.stdout  # the program's own output, on stdout
     assert "per agent" not in done.stdout and "per agent" in done.stderr  # kvscope's: stderr
     assert "reconcile cached_tokens_total" in done.stderr and "exact" in done.stderr
+    assert "traces: 2 written of 2 workflows" in done.stderr  # one per invocation
 
 
 def test_profile_names_calls_by_the_apps_own_graph(supervisor: dict[str, Any]) -> None:
@@ -103,6 +104,24 @@ def test_profile_measures_reuse_and_provenance(supervisor: dict[str, Any]) -> No
         assert None not in measured and sum(measured) == r["prompt_tokens"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary and (run_dir / "report.html").exists()
+
+
+def test_profile_the_peer_example_as_an_app(up: Up, tmp_path: Path) -> None:
+    """The shipped PEER app run by `kvscope profile`, as a user's program: its own agents, the
+    PEER cycle as turn, its annotations from node metadata, one trace per invocation."""
+    done, run_dir = profile_cli(up, tmp_path, sys.executable, str(ROOT / "examples" / "peer.py"),
+                                "1", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "peer: 1 workflows, 8 calls, 2 cycles, 0 failed" in done.stdout
+    rows = rows_of(run_dir)
+    agents = ["planner", "executor", "expresser", "reviewer"]
+    assert [r["agent_id"] for r in rows] == agents * 2
+    assert [r["turn_id"] for r in rows] == [1] * 4 + [2] * 4
+    assert [r["previous_agent_id"] for r in rows] == [None, *agents, *agents[:3]]
+    assert all(r["prompt_template_version"] and r["prompt_layout"] == "shared-first" for r in rows)
+    assert all(r["fixed_prefix_tokens"] for r in rows)  # from the fixed_messages annotation
+    assert {r["tool_ms"] is not None for r in rows if r["agent_id"] == "executor"} == {True}
+    assert "traces: 1 written of 1 workflows" in done.stderr
 
 
 def test_profile_keeps_a_crashing_programs_calls(up: Up, tmp_path: Path) -> None:

@@ -235,7 +235,9 @@ class Profile:
             VllmEngine(EngineConfig()), f"{BASE}/v1", ctx, on_tool=self.tools.append
         )
 
-    def instrument(self, body: Any, uuid_: str, hints: Any, reply: Any, n: Any) -> dict[str, Any]:
+    def instrument(
+        self, body: Any, uuid_: str, hints: Any, reply: Any, n: Any, engine_ids: Any = None
+    ) -> dict[str, Any]:
         self.hints.append(dict(hints))
         return {}
 
