@@ -91,7 +91,9 @@ def writer(state: State) -> dict:
 
 
 def review(state: State) -> Command[Literal["critic"]]:
-    return Command(goto=[Send("critic", {"angle": a, "messages": state["messages"]}) for a in ANGLES])
+    return Command(
+        goto=[Send("critic", {"angle": a, "messages": state["messages"]}) for a in ANGLES]
+    )
 
 
 def critic(task: dict) -> dict:
