@@ -179,6 +179,22 @@ def test_other_hosts_and_paths_pass_untouched(rows: Rows) -> None:
     assert all("request_id" not in body for _, body, _ in stub.received)
 
 
+def test_a_loopback_engine_is_matched_under_any_loopback_name(rows: Rows) -> None:
+    stub = Stub()
+    ctx = CallContext("bench", "exp", "hash", "app", None, "smollm2", None, rows.append)
+    engine = VllmEngine(EngineConfig())
+    body = {"model": "m", "messages": HI}
+    with (
+        Interceptor(engine, "http://127.0.0.1:8000/v1", ctx),
+        httpx2.Client(transport=stub.transport(httpx2)) as client,
+    ):
+        for url in ("http://localhost:8000", "http://[::1]:8000", "http://127.0.0.1:8000"):
+            client.post(f"{url}/v1/chat/completions", json=body)
+        client.post("http://localhost:8001/v1/chat/completions", json=body)  # another port
+        client.post("https://localhost:8000/v1/chat/completions", json=body)  # scheme
+    assert len(rows) == 3
+
+
 def test_sglang_tags_join_the_app_headers(rows: Rows) -> None:
     stub = Stub()
     engine = SglangEngine(EngineConfig(kind="sglang"))

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvscope.engines.base import Engine
 from kvscope.probe import runs
@@ -50,13 +51,18 @@ class Interceptor:
         self.base = base_url.rstrip("/")
         if self.base.endswith("/v1"):
             self.base = self.base[: -len("/v1")]
+        self._targets = {_endpoint(self.base + path) for path in CALL_PATHS}
         self._depth = 0
 
     def matches(self, request: Any) -> bool:
+        """A POST to the engine's chat or completions path (a loopback engine is the same
+        engine under any loopback name: localhost, 127.0.0.1, [::1])."""
         if request.method != "POST":
             return False
-        url = str(request.url.copy_with(query=None, fragment=None))
-        return any(url == self.base + path for path in CALL_PATHS)
+        url = request.url
+        return (url.scheme, _host(url.host), url.port or _PORTS.get(url.scheme), url.path) in (
+            self._targets
+        )
 
     def begin(self, request: Any) -> InFlight | None:
         """The call a request starts, or None for one that is not a JSON call body."""
@@ -85,6 +91,21 @@ class Interceptor:
                 runs.deactivate()
                 if not _ACTIVE:
                     _uninstall()
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+_PORTS = {"http": 80, "https": 443}
+
+
+def _host(host: str) -> str:
+    host = host.lower()
+    return "loopback" if host in _LOOPBACK or host.startswith("127.") else host
+
+
+def _endpoint(url: str) -> tuple[str, str, int | None, str]:
+    parts = urlsplit(url)
+    return (parts.scheme, _host(parts.hostname or ""), parts.port or _PORTS.get(parts.scheme),
+            parts.path)  # fmt: skip
 
 
 _LOCK = threading.RLock()
