@@ -124,6 +124,56 @@ def test_profile_the_peer_example_as_an_app(up: Up, tmp_path: Path) -> None:
     assert "traces: 1 written of 1 workflows" in done.stderr
 
 
+def test_an_app_that_traces_itself_gets_kvscopes_numbers_on_its_own_trace(
+    up: Up, tmp_path: Path
+) -> None:
+    """mlflow.langchain.autolog() in the profiled program: its trace (in kvscope's store, linked
+    to the run) carries kvscope's measurements; kvscope writes no second trace."""
+    app = tmp_path / "autologged.py"
+    app.write_text(textwrap.dedent(
+        """
+        import os, mlflow
+        from langchain_openai import ChatOpenAI
+        from langgraph.graph import END, START, StateGraph
+        from typing import TypedDict
+
+        mlflow.langchain.autolog()
+        llm = ChatOpenAI(model=os.environ["KVSCOPE_MODEL"], max_tokens=4, temperature=0)
+
+        class S(TypedDict):
+            text: str
+
+        def planner(s):
+            return {"text": llm.invoke("Plan: " + s["text"]).content}
+
+        def writer(s):
+            return {"text": llm.invoke("Write: " + s["text"]).content}
+
+        g = StateGraph(S)
+        g.add_node("planner", planner)
+        g.add_node("writer", writer)
+        g.add_edge(START, "planner")
+        g.add_edge("planner", "writer")
+        g.add_edge("writer", END)
+        g.compile().invoke({"text": "tea"}, {"configurable": {"thread_id": "t1"}})
+        mlflow.flush_trace_async_logging()
+        """
+    ))  # fmt: skip
+    done, run_dir = profile_cli(up, tmp_path, sys.executable, str(app))
+    assert done.returncode == 0, done.stderr
+    rows = rows_of(run_dir)
+    assert [r["agent_id"] for r in rows] == ["planner", "writer"]
+    (trace_id,) = {r["mlflow_trace_id"] for r in rows}
+    assert trace_id and "traces: 1 written of 1 workflows" in done.stderr
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{run_dir.parent / 'mlflow.db'}")
+    trace = client.get_trace(trace_id)
+    llm_spans = [s for s in trace.data.spans if s.attributes.get("agent.id")]
+    assert sorted(s.attributes["agent.id"] for s in llm_spans) == ["planner", "writer"]
+    assert all(s.attributes.get("gen_ai.usage.input_tokens") for s in llm_spans)
+
+
 def test_profile_keeps_a_crashing_programs_calls(up: Up, tmp_path: Path) -> None:
     app = tmp_path / "crash.py"
     app.write_text(textwrap.dedent(
