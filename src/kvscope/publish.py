@@ -68,7 +68,10 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
             f"{analysis.benchmark_run_id}: KV cache and calls",
         )
     if analysis.evictions is not None and analysis.evictions.num_rows:
-        plots.write_png(plots.eviction_heatmap(analysis.evictions), run_dir / files.EVICTIONS_PNG)
+        plots.write_png(
+            plots.eviction_heatmap(analysis.evictions, analysis.order),
+            run_dir / files.EVICTIONS_PNG,
+        )
     on_stage("writing report.html")
     try:
         write_run_report(analysis)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kvscope.analysis.turns import BASE, BURDEN, HIT_RATIO, agent_order, nonneg, query
+from kvscope.analysis.turns import BASE, BURDEN, HIT_RATIO, nonneg, order_sql, query, table_order
 from kvscope.records.requests import STATUS_OK
 
 LOW_HIT = 0.5  # an agent below this weighted hit ratio ...
@@ -181,7 +181,7 @@ def agent_breakdown(
     sql = f"""
     WITH a AS (SELECT {_sums("agent_id")} FROM rows GROUP BY agent_id)
     SELECT *, path_ms / nullif(sum(path_ms) OVER (), 0) AS share FROM a
-    ORDER BY {agent_order()}
+    ORDER BY {order_sql(table_order(requests))}
     """
     table = query(sql, rows=rows)
     flags = [

@@ -30,16 +30,17 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import agent_key
+from kvscope.analysis.agents import AgentOrder, agent_key
 from kvscope.analysis.turns import (
     BASE,
     BURDEN,
     CACHE_AGGREGATES,
     PROMPT,
-    agent_order,
     nonneg,
+    order_sql,
     provenance_aggregates,
     query,
+    table_order,
 )
 
 START = "start"
@@ -47,8 +48,10 @@ HANDOFF = "handoff"
 SAME_AGENT = "same-agent"
 
 
-def transitions(requests: pa.Table) -> pa.Table:
-    """RQ2 per (kind, from_agent, to_agent); see the module docstring for the columns."""
+def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table:
+    """RQ2 per (kind, from_agent, to_agent), sorted by `order` (default: the table's
+    agent_order); see the module docstring for the columns."""
+    order = table_order(requests) if order is None else order
     sql = f"""
     WITH base AS ({BASE}),
     chained AS (
@@ -81,19 +84,26 @@ def transitions(requests: pa.Table) -> pa.Table:
     FROM pairs
     GROUP BY kind, from_agent, agent_id
     ORDER BY kind, CASE from_agent WHEN '{START}' THEN -1 ELSE 0 END,
-      {agent_order("from_agent")}, {agent_order("agent_id")}
+      {order_sql(order, "from_agent")}, {order_sql(order)}
     """
     return query(sql, requests=requests)
 
 
 def matrix(
-    pairs: pa.Table, value: str = "weighted_hit_ratio", kind: str = HANDOFF
+    pairs: pa.Table,
+    value: str = "weighted_hit_ratio",
+    kind: str = HANDOFF,
+    order: AgentOrder = (),
 ) -> tuple[list[str], list[str], list[list[float | None]]]:
-    """(from agents, to agents, values[from][to]) of one kind, for a heatmap; None = no pair."""
+    """(from agents, to agents, values[from][to]) of one kind, for a heatmap; None = no pair.
+
+    Sized to what ran: a row per "from" agent that occurs (start first, as `transitions` sorts),
+    a column per "to" agent that occurs, in `order` (agents.agent_key; default: the order the
+    table's "from" agents come in, as `transitions` sorted them)."""
     rows = [r for r in pairs.to_pylist() if r["kind"] == kind]
     froms = list(dict.fromkeys(r["from_agent"] for r in rows))
     tos = list(dict.fromkeys(r["to_agent"] for r in rows))
-    tos.sort(key=agent_key)
+    tos.sort(key=agent_key(order or [f for f in froms if f != START]))
     cells: list[list[float | None]] = [[None] * len(tos) for _ in froms]
     for r in rows:
         cells[froms.index(r["from_agent"])][tos.index(r["to_agent"])] = r[value]
