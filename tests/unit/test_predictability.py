@@ -134,3 +134,19 @@ def test_six_agents_transition_matrix_is_sized_to_what_ran() -> None:
     froms, tos, _ = matrix(transitions(t), "calls", order=agent_order(t.to_pylist()))
     assert tos == ["router", "search_docs", "search_code", "search_web", "writer", "critic"]
     assert froms == ["start", "router", "search_code", "writer", "critic"]
+
+
+def test_longer_history_and_no_workflow() -> None:
+    p = predictability(three_agents())
+    assert p.longer == Accuracy("all, last 2", 8, 5, 3 / 5, 3, 2 / 3, 1, 1.0)
+    empty = predictability([request(workflow_run_id=None, agent_id=None)])
+    assert (empty.workflows, empty.distinct_sequences, empty.longer) == (0, 0, None)
+    assert empty.accuracy == [] and empty.reuse == [] and empty.edges == {}
+
+
+def test_calls_of_one_visit_are_one_position() -> None:
+    rows = three_agents()[:4]  # w1: a b c a
+    rows.insert(2, call("w1", "b", 1, 2.5, 2.9, "b"))  # b's visit makes a second call
+    p = predictability(rows)
+    assert p.sequences[0].sequence == ("a", "b", "c", "a")
+    assert {r.agent_id: r.visits for r in p.reuse} == {"a": 2, "b": 1, "c": 1}

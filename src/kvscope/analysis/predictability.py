@@ -29,7 +29,7 @@ out: they belong to no agent sequence):
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvscope.analysis.agents import AgentOrder, agent_key, agent_order, percentile
@@ -93,6 +93,7 @@ class Predictability:
     reuse: list[ReuseDistance]  # per agent, in the run's agent order
     accuracy: list[Accuracy]  # per agent, then "all"
     history: int
+    longer: Accuracy | None = None  # "all" with history + 1 (back-off to `history`)
 
     @property
     def distinct_sequences(self) -> int:
@@ -113,6 +114,7 @@ class Predictability:
                 for r in self.reuse
             ],
             "accuracy": [a.__dict__ for a in self.accuracy],
+            "accuracy_longer_history": self.longer.__dict__ if self.longer else None,
         }
 
 
@@ -244,9 +246,11 @@ def _accuracy(agent: str, t: Counter[str]) -> Accuracy:
 
 
 def predictability(rows: Sequence[Row], history: int = 1) -> Predictability:
-    """Every predictability view of a run's request rows (see the module docstring)."""
+    """Every predictability view of a run's request rows (see the module docstring); `longer`
+    is the "all" accuracy of the predictor with history + 1, labelled so."""
     order = agent_order(rows)
     by_workflow = visits(rows)
+    longer = accuracy(by_workflow, order, history + 1)[-1:] if by_workflow else []
     return Predictability(
         workflows=len(by_workflow),
         sequences=sequences(by_workflow),
@@ -254,4 +258,5 @@ def predictability(rows: Sequence[Row], history: int = 1) -> Predictability:
         reuse=reuse_distance(by_workflow, order),
         accuracy=accuracy(by_workflow, order, history),
         history=history,
+        longer=replace(longer[0], agent_id=f"{ALL}, last {history + 1}") if longer else None,
     )

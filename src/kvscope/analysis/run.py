@@ -14,6 +14,7 @@ import pyarrow as pa
 from kvscope.analysis import evictions, latency, provenance, transitions, turns
 from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
+from kvscope.analysis.predictability import Predictability, predictability
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
@@ -45,6 +46,8 @@ class RunAnalysis:
     provenance: dict[str, dict[str, int]]
     # RQ2: per transition
     transitions: pa.Table
+    # which agent comes next: sequences, reuse distance, next-agent predictor
+    predictability: Predictability
     # RQ6: where workflow time goes
     fit: latency.PrefillFit | None
     calls: pa.Table
@@ -116,6 +119,7 @@ class RunAnalysis:
                 asdict(r) | {"difference": r.difference} for r in self.reconciliation
             ],
             "time_split": [t.to_dict() for t in self.time_split],
+            "predictability": self.predictability.summary(),
             "kv_events": asdict(self.kv) if self.kv else None,
             "evictions": {
                 "summary": self.eviction_summary(),
@@ -157,6 +161,7 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
         turns=turns.agent_turns(table, order),
         provenance=provenance.by_agent(rows),
         transitions=transitions.transitions(table, order),
+        predictability=predictability(rows),
         fit=fit,
         calls=latency.call_rows(table, fit),
         latency=latency.agent_breakdown(table, fit),

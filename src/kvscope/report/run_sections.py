@@ -10,7 +10,7 @@ from kvscope.analysis.run import RunAnalysis
 from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
 from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
 from kvscope.records.run_dir import TIMELINE_PNG
-from kvscope.report import plots, timeline
+from kvscope.report import plots, sequences, timeline
 from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
 from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
@@ -23,6 +23,7 @@ def run_sections(run: RunAnalysis) -> list[Section]:
         turns(run),
         provenance(run),
         transitions(run),
+        predictability(run),
         latency(run),
         ttft(run),
         timeline_section(run),
@@ -119,6 +120,11 @@ def transitions(run: RunAnalysis) -> Section:
         [table(pairs, cols, "transitions", drop_null=True)],
         [] if has_prov else [say("transitions_no_provenance")],
     )
+
+
+def predictability(run: RunAnalysis) -> Section:
+    """Agent sequences, reuse distance per agent, next-agent predictor (report.sequences)."""
+    return sequences.section(run.predictability, run.order)
 
 
 def latency(run: RunAnalysis) -> Section:
