@@ -150,3 +150,17 @@ def test_calls_of_one_visit_are_one_position() -> None:
     p = predictability(rows)
     assert p.sequences[0].sequence == ("a", "b", "c", "a")
     assert {r.agent_id: r.visits for r in p.reuse} == {"a": 2, "b": 1, "c": 1}
+
+
+def test_six_agents_handoff_gaps_skip_running_branches() -> None:
+    got = {
+        (r["from_agent"], r["to_agent"]): r
+        for r in transitions(table(*six_agents())).to_pylist()
+        if r["kind"] == "handoff"
+    }
+    # a branch's gap is from the dispatcher's end, not from a sibling branch still running
+    assert got[("router", "search_code")]["gap_ms_p50"] == pytest.approx(1001)
+    assert got[("router", "search_web")]["calls"] == 2
+    # the join: from the last branch to finish (search_code, at 5 s), 1 s before the writer
+    assert got[("search_code", "writer")]["gap_ms_p50"] == pytest.approx(1000)
+    assert got[("start", "router")]["gap_ms_p50"] is None

@@ -9,6 +9,13 @@ Two kinds of pair, told apart by the `kind` column; every call appears once in e
   back to its own prefix a cycle later). A call that is its agent's first in the workflow has no
   same-agent pair.
 
+Any graph: the agents are those that ran, in the run's agent order (agents.agent_order), and
+the matrix is sized to them. A parallel fan-out (LangGraph `Send`) gives every branch the
+dispatcher as previous_agent_id, so each dispatcher -> branch edge is counted. A join node's call
+has one previous_agent_id (the one the graph recorded, typically one branch): this table counts
+that one edge only; the step edges of `kvscope.analysis.predictability` count every branch ->
+join edge. Calls outside any workflow (workflow_run_id null) chain among themselves.
+
 The cache numbers of a pair are those of the "to" call (what that call got from the cache):
 
 - calls, failed, measured, prompt_tokens, cached_tokens, weighted_hit_ratio, recompute_burden,
@@ -23,7 +30,9 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
   rows: tokens the "from" call had just computed that this call computed again. Engines cache
   whole blocks, so up to block_size - 1 tokens per call are expected here even without eviction.
 - gap_ms_p50: median time from the end of the "from" call to the start of this call (the time
-  the prefix had to survive in the cache); null for "start".
+  the prefix had to survive in the cache); the "from" call's end is the latest end of the
+  workflow's (for same-agent: the agent's) earlier calls that had ended when this call started
+  (see _last_end: parallel branches still running do not count); null for "start".
 - provenance_calls and the Level-3 provenance sums (cached_self_tokens, ...,
   uncached_cold_tokens) over successful rows; null when not measured.
 """
@@ -56,11 +65,11 @@ def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table
     WITH base AS ({BASE}),
     chained AS (
       SELECT *,
-        lag(end_ns) OVER (PARTITION BY workflow_run_id ORDER BY start_ns, request_uuid)
-          AS handoff_end_ns,
-        lag(end_ns) OVER (PARTITION BY workflow_run_id, agent_id ORDER BY start_ns, request_uuid)
-          AS same_end_ns
-      FROM base
+        {_last_end("")} AS handoff_end_ns,
+        {_last_end("AND p.agent_id IS NOT DISTINCT FROM c.agent_id")} AS same_end_ns,
+        lag(request_uuid) OVER (PARTITION BY workflow_run_id, agent_id
+          ORDER BY start_ns, request_uuid) AS same_previous
+      FROM base c
     ),
     pairs AS (
       SELECT '{HANDOFF}' AS kind, coalesce(previous_agent_id, '{START}') AS from_agent,
@@ -71,7 +80,7 @@ def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table
       SELECT '{SAME_AGENT}' AS kind, agent_id AS from_agent,
         first_divergence_same_agent AS shared_prefix,
         (start_ns - same_end_ns) / 1e6 AS gap_ms, *
-      FROM chained WHERE same_end_ns IS NOT NULL
+      FROM chained WHERE same_previous IS NOT NULL
     )
     SELECT kind, from_agent, agent_id AS to_agent, {CACHE_AGGREGATES},
       CAST({BURDEN} AS DOUBLE) / nullif({PROMPT}, 0) AS miss_share,
@@ -87,6 +96,21 @@ def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table
       {order_sql(order, "from_agent")}, {order_sql(order)}
     """
     return query(sql, requests=requests)
+
+
+def _last_end(same: str) -> str:
+    """SQL: the latest end_ns among the calls of this call's workflow (and `same` condition)
+    that started before it and had ended when it started; null if none.
+
+    For a sequential workflow this is the previous call's end (lag by start); for parallel
+    branches it is not a sibling still running but the last call that had finished (the
+    dispatcher for a fan-out's branches, the last branch to finish for a join).
+    """
+    return f"""(SELECT max(p.end_ns) FROM base p
+      WHERE p.workflow_run_id IS NOT DISTINCT FROM c.workflow_run_id {same}
+        AND (p.start_ns < c.start_ns OR (p.start_ns = c.start_ns AND p.request_uuid <
+          c.request_uuid))
+        AND p.end_ns <= c.start_ns)"""
 
 
 def matrix(
