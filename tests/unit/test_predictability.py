@@ -164,3 +164,14 @@ def test_six_agents_handoff_gaps_skip_running_branches() -> None:
     # the join: from the last branch to finish (search_code, at 5 s), 1 s before the writer
     assert got[("search_code", "writer")]["gap_ms_p50"] == pytest.approx(1000)
     assert got[("start", "router")]["gap_ms_p50"] is None
+
+
+def test_analyses_and_views_know_no_workload() -> None:
+    """Agent names come from what ran: analysis/, report/ and the analyze/sweep commands import
+    nothing from the workload (whose PEER prompts name the PEER agents)."""
+    from helpers import ROOT
+
+    src = ROOT / "src" / "kvscope"
+    files = [*(src / "analysis").glob("*.py"), *(src / "report").glob("*.py"),
+             src / "cli" / "analyze.py", src / "cli" / "sweep.py"]  # fmt: skip
+    assert [f.name for f in files if "kvscope.workload" in f.read_text()] == []
