@@ -135,3 +135,13 @@ def test_analyze_prints_the_recorded_numbers(runs: dict[str, Path]) -> None:
         section = next(s for s in expected(f"{name}.report.json") if s["key"] == key)
         for row in section["tables"][0]["rows"]:
             assert row in printed, (key, row)
+
+
+def test_analyze_prints_the_predictability_tables(runs: dict[str, Path]) -> None:
+    """`kvscope analyze --rq 2`: transitions, then the sequences, reuse distance and predictor."""
+    result = CliRunner().invoke(app, ["analyze", str(runs[RUNS[0]]), "--rq", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Next-agent predictability" in out and "distinct agent sequences" in out
+    assert "planner > executor > expresser > reviewer" in out
+    assert "reuse distance" in out and "accuracy +1" in out
