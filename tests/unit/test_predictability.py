@@ -72,6 +72,9 @@ def test_three_agents_sequences_and_reuse_distance() -> None:
     assert a.seconds == (5.0, 5.0) and a.seconds_p95 == pytest.approx(5.0)
     b = reuse["b"]
     assert (b.visits, b.returns, b.steps_p50, b.seconds_max) == (3, 0, None, None)  # null, not 0
+    # any workflow: a at 0-1, 6-7 | 100-101, 106-107 | 200-201; the last visit has none
+    assert a.any_seconds == (5.0, 93.0, 5.0, 93.0) and a.any_seconds_p50 == pytest.approx(49)
+    assert b.any_seconds == (102.0 - 3, 204.0 - 103)  # b at 2-3 | 102-103 | 204-205 (w3: a c b)
 
 
 def test_three_agents_online_predictor() -> None:

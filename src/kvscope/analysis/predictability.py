@@ -30,6 +30,7 @@ out: they belong to no agent sequence):
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 from kvscope.analysis.agents import AgentOrder, agent_key, agent_order, percentile
@@ -38,6 +39,7 @@ Row = dict[str, Any]
 START = "start"
 ALL = "all"
 AHEAD = (1, 2, 3)
+VALUES = ("steps", "seconds", "any_seconds")  # ReuseDistance's value lists (not in tables)
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,11 @@ class ReuseDistance:
     seconds_p50: float | None
     seconds_p95: float | None
     seconds_max: float | None
+    any_seconds_p50: float | None  # to the next visit in any workflow run
+    any_seconds_p95: float | None
     steps: tuple[int, ...] = field(repr=False)  # the values, for a plot
     seconds: tuple[float, ...] = field(repr=False)
+    any_seconds: tuple[float, ...] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,7 @@ class Predictability:
                 {"sequence": list(s.sequence), "workflows": s.workflows}
                 for s in self.sequences[:10]
             ],
-            "reuse": [
-                {k: v for k, v in r.__dict__.items() if k not in ("steps", "seconds")}
-                for r in self.reuse
-            ],
+            "reuse": [{k: v for k, v in r.__dict__.items() if k not in VALUES} for r in self.reuse],
             "accuracy": [a.__dict__ for a in self.accuracy],
             "accuracy_longer_history": self.longer.__dict__ if self.longer else None,
         }
@@ -185,14 +187,30 @@ def reuse_distance(by_workflow: dict[str, list[Visit]], order: AgentOrder) -> li
             if j is not None:
                 steps[v.agent_id].append(j - i)
                 secs[v.agent_id].append(max(vs[j].start_ns - v.end_ns, 0) / 1e9)
+    anywhere = _any_workflow(by_workflow)
     out = []
     for agent in sorted(count, key=agent_key(order)):
-        st, sc = steps[agent], secs[agent]
+        st, sc, an = steps[agent], secs[agent], anywhere[agent]
         out.append(ReuseDistance(
             agent, count[agent], len(st), count[agent] - len(st),
             percentile(st, 50), percentile(st, 95), max(st, default=None),
-            percentile(sc, 50), percentile(sc, 95), max(sc, default=None), tuple(st), tuple(sc),
+            percentile(sc, 50), percentile(sc, 95), max(sc, default=None),
+            percentile(an, 50), percentile(an, 95), tuple(st), tuple(sc), tuple(an),
         ))  # fmt: skip
+    return out
+
+
+def _any_workflow(by_workflow: dict[str, list[Visit]]) -> dict[str, list[float]]:
+    """Per agent, seconds from each visit's end to the agent's next visit in any workflow."""
+    mine: dict[str, list[Visit]] = defaultdict(list)
+    for vs in by_workflow.values():
+        for v in vs:
+            mine[v.agent_id].append(v)
+    out: dict[str, list[float]] = defaultdict(list)
+    for agent, vs in mine.items():
+        vs.sort(key=lambda v: v.start_ns)
+        for v, nxt in pairwise(vs):
+            out[agent].append(max(nxt.start_ns - v.end_ns, 0) / 1e9)
     return out
 
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 
 from kvscope.analysis.agents import AgentOrder
-from kvscope.analysis.predictability import START, Predictability, ReuseDistance
+from kvscope.analysis.predictability import START, VALUES, Predictability, ReuseDistance
 from kvscope.report.columns import COLUMNS
 from kvscope.report.plots import data_uri
 from kvscope.report.prose import say
@@ -39,7 +39,7 @@ def tables(p: Predictability) -> list[Table]:
         ]
     )
     reuse = pa.Table.from_pylist(
-        [{k: v for k, v in r.__dict__.items() if k not in ("steps", "seconds")} for r in p.reuse]
+        [{k: v for k, v in r.__dict__.items() if k not in VALUES} for r in p.reuse]
     )
     rows = [*p.accuracy, *([p.longer] if p.longer else [])]
     acc = pa.Table.from_pylist([a.__dict__ for a in rows])
