@@ -178,3 +178,13 @@ def test_analyses_and_views_know_no_workload() -> None:
     files = [*(src / "analysis").glob("*.py"), *(src / "report").glob("*.py"),
              src / "cli" / "analyze.py", src / "cli" / "sweep.py"]  # fmt: skip
     assert [f.name for f in files if "kvscope.workload" in f.read_text()] == []
+
+
+def test_six_agents_latency_gaps_run_from_the_dispatcher() -> None:
+    from kvscope.analysis.latency import call_rows
+
+    rows = call_rows(table(*six_agents())).to_pylist()
+    other = {(r["workflow_run_id"], r["agent_id"], r["turn_id"]): r["other_ms"] for r in rows}
+    assert other[("w1", "search_code", 1)] == pytest.approx(1001)  # not from search_docs (running)
+    assert other[("w1", "writer", 1)] == pytest.approx(1000)  # the join: from the last branch
+    assert other[("w1", "router", 1)] is None  # the workflow's first call has no gap

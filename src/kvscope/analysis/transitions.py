@@ -32,7 +32,7 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
 - gap_ms_p50: median time from the end of the "from" call to the start of this call (the time
   the prefix had to survive in the cache); the "from" call's end is the latest end of the
   workflow's (for same-agent: the agent's) earlier calls that had ended when this call started
-  (see _last_end: parallel branches still running do not count); null for "start".
+  (see turns.last_end_sql: parallel branches still running do not count); null for "start".
 - provenance_calls and the Level-3 provenance sums (cached_self_tokens, ...,
   uncached_cold_tokens) over successful rows; null when not measured.
 """
@@ -45,6 +45,7 @@ from kvscope.analysis.turns import (
     BURDEN,
     CACHE_AGGREGATES,
     PROMPT,
+    last_end_sql,
     nonneg,
     order_sql,
     provenance_aggregates,
@@ -65,8 +66,8 @@ def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table
     WITH base AS ({BASE}),
     chained AS (
       SELECT *,
-        {_last_end("")} AS handoff_end_ns,
-        {_last_end("AND p.agent_id IS NOT DISTINCT FROM c.agent_id")} AS same_end_ns,
+        {last_end_sql()} AS handoff_end_ns,
+        {last_end_sql("AND p.agent_id IS NOT DISTINCT FROM c.agent_id")} AS same_end_ns,
         lag(request_uuid) OVER (PARTITION BY workflow_run_id, agent_id
           ORDER BY start_ns, request_uuid) AS same_previous
       FROM base c
@@ -96,21 +97,6 @@ def transitions(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table
       {order_sql(order, "from_agent")}, {order_sql(order)}
     """
     return query(sql, requests=requests)
-
-
-def _last_end(same: str) -> str:
-    """SQL: the latest end_ns among the calls of this call's workflow (and `same` condition)
-    that started before it and had ended when it started; null if none.
-
-    For a sequential workflow this is the previous call's end (lag by start); for parallel
-    branches it is not a sibling still running but the last call that had finished (the
-    dispatcher for a fan-out's branches, the last branch to finish for a join).
-    """
-    return f"""(SELECT max(p.end_ns) FROM base p
-      WHERE p.workflow_run_id IS NOT DISTINCT FROM c.workflow_run_id {same}
-        AND (p.start_ns < c.start_ns OR (p.start_ns = c.start_ns AND p.request_uuid <
-          c.request_uuid))
-        AND p.end_ns <= c.start_ns)"""
 
 
 def matrix(

@@ -64,6 +64,22 @@ def nonneg(expr: str) -> str:
     return f"CASE WHEN ({expr}) IS NULL THEN NULL ELSE greatest({expr}, 0) END"
 
 
+def last_end_sql(same: str = "") -> str:
+    """SQL: the latest end_ns among the calls of this call's workflow (and `same` condition)
+    that started before it and had ended when it started; null if none. The query names the
+    call's table `c` and BASE `base`.
+
+    For a sequential workflow this is the previous call's end (lag by start); for parallel
+    branches it is not a sibling still running but the last call that had finished (the
+    dispatcher for a fan-out's branches, the last branch to finish for a join).
+    """
+    return f"""(SELECT max(p.end_ns) FROM base p
+      WHERE p.workflow_run_id IS NOT DISTINCT FROM c.workflow_run_id {same}
+        AND (p.start_ns < c.start_ns OR (p.start_ns = c.start_ns AND p.request_uuid <
+          c.request_uuid))
+        AND p.end_ns <= c.start_ns)"""
+
+
 def order_sql(order: AgentOrder, column: str = "agent_id") -> str:
     """SQL sort key of `column`: the agents of `order` (agents.agent_order) by position, then
     other agents by name, then null (the same rule as agents.agent_key)."""
