@@ -68,7 +68,10 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
             f"{analysis.benchmark_run_id}: KV cache and calls",
         )
     if analysis.evictions is not None and analysis.evictions.num_rows:
-        plots.write_png(plots.eviction_heatmap(analysis.evictions), run_dir / files.EVICTIONS_PNG)
+        plots.write_png(
+            plots.eviction_heatmap(analysis.evictions, analysis.order),
+            run_dir / files.EVICTIONS_PNG,
+        )
     on_stage("writing report.html")
     try:
         write_run_report(analysis)
@@ -133,12 +136,29 @@ def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, f
         }
     if a.kv is not None:
         out["kv.missing_batches"] = float(a.kv.missing_batches)
+    out |= predictability_metrics(a)
     counts = {
         "workflows_run": workload.workflows,
         "workflows_failed": workload.failed,
         "unparsed_verdicts": workload.unparsed_verdicts,
     }
     return out | {k: float(v) for k, v in counts.items() if v is not None}
+
+
+def predictability_metrics(analysis: RunAnalysis) -> dict[str, float]:
+    """predict.distinct_sequences, predict.workflows, and the predictor's overall accuracy 1, 2
+    and 3 ahead (predict.accuracy_k; left out when nothing was predicted, never 0)."""
+    p = analysis.predictability
+    if not p.workflows:
+        return {}
+    out = {"predict.workflows": float(p.workflows),
+           "predict.distinct_sequences": float(p.distinct_sequences)}  # fmt: skip
+    everyone = p.accuracy[-1]
+    for k in (1, 2, 3):
+        value = getattr(everyone, f"accuracy_{k}")
+        if value is not None:
+            out[f"predict.accuracy_{k}"] = value
+    return out
 
 
 def agent_metrics(summaries: Sequence[AgentSummary]) -> dict[str, float]:

@@ -177,7 +177,8 @@ def test_eviction_pairs() -> None:
         }
     )
     got = {
-        (r["evictor_agent_id"], r["victim_agent_id"]): r for r in eviction_pairs(blocks).to_pylist()
+        (r["evictor_agent_id"], r["victim_agent_id"]): r
+        for r in eviction_pairs(blocks, ["planner", "executor"]).to_pylist()
     }
     assert list(got) == [("planner", "unknown"), ("executor", "planner"), ("unknown", "executor")]
     p = got[("executor", "planner")]

@@ -81,6 +81,8 @@ def test_unknown_workload_counts_are_left_out_not_zero(analysis: RunAnalysis) ->
     metrics = run_metrics(analysis, WorkloadOutcome())
     assert not {"workflows_run", "workflows_failed", "unparsed_verdicts"} & set(metrics)
     assert metrics["reconcile.cached_tokens_total.difference"] == 0.0
+    assert metrics["predict.distinct_sequences"] == 1.0
+    assert metrics["predict.accuracy_1"] == 1.0  # the second workflow repeats the first
 
 
 def test_calls_without_agent_thread_or_workflow_are_analysed_and_drawn(tmp_path: Path) -> None:

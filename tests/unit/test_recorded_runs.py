@@ -27,6 +27,8 @@ from kvscope.report.table import Section
 RECORDED = ROOT / "tests" / "fixtures" / "recorded-runs"
 EXPECTED = RECORDED / "expected"
 RUNS = sorted(p.name for p in RECORDED.iterdir() if p.is_dir() and p.name != "expected")
+# Added after the recordings (summary.json key and report section): checked on their own below.
+ADDED = "predictability"
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,24 @@ def test_two_runs_are_recorded() -> None:
 @pytest.mark.parametrize("name", RUNS)
 def test_summary_json_is_the_recorded_one(analyses: dict[str, RunAnalysis], name: str) -> None:
     got, want = as_json(analyses[name].summary()), expected(f"{name}.summary.json")
-    assert got.keys() == want.keys()
+    assert got.keys() - want.keys() == {ADDED}
     for key in want:
         assert got[key] == want[key], key
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_predictability_of_the_peer_runs(analyses: dict[str, RunAnalysis], name: str) -> None:
+    """Both recorded runs: 2 PEER workflows of one cycle, the same agent sequence."""
+    got = analyses[name].summary()[ADDED]
+    assert (got["workflows"], got["distinct_sequences"]) == (2, 1)
+    assert got["sequences"][0]["sequence"] == analyses[name].order
+    everyone = got["accuracy"][-1]
+    assert (everyone["agent_id"], everyone["predicted_1"], everyone["accuracy_1"]) == (
+        "all",
+        3,
+        1.0,
+    )
+    assert all(r["returns"] == 0 and r["steps_p50"] is None for r in got["reuse"])
 
 
 def test_the_pressure_run_has_what_the_comparison_needs(analyses: dict[str, RunAnalysis]) -> None:
@@ -88,6 +105,7 @@ def dump(sections: list[Section]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", RUNS)
 def test_report_sections_are_the_recorded_ones(analyses: dict[str, RunAnalysis], name: str) -> None:
     got, want = dump(run_sections(analyses[name])), expected(f"{name}.report.json")
+    got = [s for s in got if s["key"] != ADDED]
     assert [s["key"] for s in got] == [s["key"] for s in want]
     for g, w in zip(got, want, strict=True):
         assert g == w, g["key"]
@@ -117,3 +135,13 @@ def test_analyze_prints_the_recorded_numbers(runs: dict[str, Path]) -> None:
         section = next(s for s in expected(f"{name}.report.json") if s["key"] == key)
         for row in section["tables"][0]["rows"]:
             assert row in printed, (key, row)
+
+
+def test_analyze_prints_the_predictability_tables(runs: dict[str, Path]) -> None:
+    """`kvscope analyze --rq 2`: transitions, then the sequences, reuse distance and predictor."""
+    result = CliRunner().invoke(app, ["analyze", str(runs[RUNS[0]]), "--rq", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Next-agent predictability" in out and "distinct agent sequences" in out
+    assert "planner > executor > expresser > reviewer" in out
+    assert "reuse distance" in out and "accuracy +1" in out

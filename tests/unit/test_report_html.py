@@ -94,6 +94,7 @@ def test_run_report_sections_numbers_and_missing_data(tmp_path: Path) -> None:
     for title in (
         "RQ1: per agent",
         "RQ2: transitions",
+        "Next-agent predictability",
         "RQ6: where workflow time goes",
         "TTFT vs new prefill tokens",
         "KV usage over time",
@@ -108,7 +109,8 @@ def test_run_report_sections_numbers_and_missing_data(tmp_path: Path) -> None:
     assert "Level-3 provenance" in html  # says the provenance was not measured
     # self-contained: every image is embedded, nothing is fetched
     srcs = images(html)
-    assert len(srcs) == 4  # agents, transitions, latency, TTFT (one turn: no turn plot)
+    # agents, transitions, predictability, latency, TTFT (one turn: no turn plot)
+    assert len(srcs) == 5
     assert all(s.startswith("data:image/png;base64,") for s in srcs)
     assert "<script" not in html and "<link" not in html and "http" not in html
 
@@ -198,7 +200,7 @@ def test_compare_report_names_the_agent_that_loses_reuse_first(tmp_path: Path) -
     for title in ("RQ3: prompt layout", "RQ4: cache pressure", "RQ5: sharing modes"):
         assert f"<h2>{title}</h2>" in html
     # each per-run view, side by side, under a short label (the shared "cap-" is dropped)
-    assert html.count('class="runlabel">8192<') == 9
+    assert html.count('class="runlabel">8192<') == 10
     assert all(s.startswith("data:image/png;base64,") for s in images(html))
 
 

@@ -1,22 +1,48 @@
 """Level-1 metrics, exactly as the design note defines them, and the per-agent summary."""
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from kvscope.records.requests import STATUS_OK
-from kvscope.workload.prompts import AGENTS as AGENT_ORDER  # the PEER graph's agents, in order
+
+AgentOrder = Sequence[str | None]
 
 
-def agent_key(agent: str | None) -> tuple[int, str]:
-    """Sort key: PEER order first, then other agents by name, then calls no agent was named for
-    (None) (SQL: turns.agent_order)."""
-    if agent is None:
-        return (len(AGENT_ORDER) + 1, "")
-    return (AGENT_ORDER.index(agent) if agent in AGENT_ORDER else len(AGENT_ORDER), agent)
+def agent_order(rows: Iterable[dict[str, Any]]) -> list[str | None]:
+    """The run's agents in order of first appearance: by the start_ns of each agent's first call
+    (ties: the row that comes first), with None (calls outside any agent) last if present.
+
+    The one agent order of every analysis and view (tables, SQL via turns.order_sql, plots,
+    colours): it comes from what ran, so any graph's agents work; on a PEER run it is planner,
+    executor, expresser, reviewer.
+    """
+    first: dict[str, tuple[int, int]] = {}
+    has_none = False
+    for i, r in enumerate(rows):
+        agent = r.get("agent_id")
+        if agent is None:
+            has_none = True
+        elif agent not in first or (r.get("start_ns") or 0, i) < first[agent]:
+            first[agent] = (r.get("start_ns") or 0, i)
+    order: list[str | None] = sorted(first, key=first.__getitem__)
+    return [*order, None] if has_none else order
+
+
+def agent_key(order: AgentOrder = ()) -> Callable[[str | None], tuple[int, int, str]]:
+    """Sort key over agents: those in `order` by their position, then any other agent by name,
+    then None (calls no agent was named for). The same rule as turns.order_sql."""
+    index = {a: i for i, a in enumerate(order) if a is not None}
+
+    def key(agent: str | None) -> tuple[int, int, str]:
+        if agent is None:
+            return (2, 0, "")
+        return (0, index[agent], "") if agent in index else (1, 0, agent)
+
+    return key
 
 
 def weighted_hit_ratio(rows: Iterable[dict[str, Any]]) -> float | None:
@@ -64,8 +90,8 @@ class AgentSummary:
 
 
 def per_agent(rows: Sequence[dict[str, Any]]) -> list[AgentSummary]:
-    """One summary per agent (PEER order first), over its successful calls."""
-    agents = sorted({r["agent_id"] for r in rows}, key=agent_key)
+    """One summary per agent (in `agent_order(rows)`), over its successful calls."""
+    agents = agent_order(rows)
     return [_summary(a, [r for r in rows if r["agent_id"] == a]) for a in agents]
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import agent_key, percentile
-from kvscope.analysis.turns import agent_order, query
+from kvscope.analysis.agents import AgentOrder, agent_key, percentile
+from kvscope.analysis.turns import order_sql, query
 
 UNKNOWN = "unknown"
 
@@ -40,7 +40,7 @@ def _evicted(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [b for b in blocks if b["removed_ns"] is not None and b["removal"] in ("evicted", None)]
 
 
-def matrix(blocks: pa.Table) -> pa.Table:
+def matrix(blocks: pa.Table, order: AgentOrder = ()) -> pa.Table:
     """Who evicted whom: evictor agent x victim agent over a run's block table (blocks.parquet).
 
     A block counts as evicted when it was removed (removed_ns not null) by an eviction
@@ -52,6 +52,7 @@ def matrix(blocks: pa.Table) -> pa.Table:
     and recomputed), recomputed_tokens (sum over the harmful blocks; null when no block of the
     pair has it measured),
     residency_ms_p50 (how long the evicted blocks had lived).
+    Sorted by `order` (the run's agents.agent_order; others by name, "unknown" among them).
     """
     sql = f"""
     SELECT * FROM (
@@ -67,7 +68,7 @@ def matrix(blocks: pa.Table) -> pa.Table:
     FROM blocks
     WHERE removed_ns IS NOT NULL AND coalesce(removal, 'evicted') = 'evicted'
     GROUP BY ALL
-    ) ORDER BY {agent_order("evictor_agent_id")}, {agent_order("victim_agent_id")}
+    ) ORDER BY {order_sql(order, "evictor_agent_id")}, {order_sql(order, "victim_agent_id")}
     """
     return query(sql, blocks=blocks)
 
@@ -83,9 +84,10 @@ def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
     return [TransitionHarm(k, *v) for k, v in sorted(out.items(), key=lambda kv: -kv[1][1])]
 
 
-def residency(blocks: Sequence[dict[str, Any]]) -> list[Residency]:
-    """How long each agent's blocks stayed in the cache before they were removed."""
-    agents = sorted({b["owner_agent_id"] or UNKNOWN for b in blocks}, key=agent_key)
+def residency(blocks: Sequence[dict[str, Any]], order: AgentOrder = ()) -> list[Residency]:
+    """How long each agent's blocks stayed in the cache before they were removed (agents in
+    `order`, others by name)."""
+    agents = sorted({b["owner_agent_id"] or UNKNOWN for b in blocks}, key=agent_key(order))
     out = []
     for a in agents:
         mine = [b for b in blocks if (b["owner_agent_id"] or UNKNOWN) == a]

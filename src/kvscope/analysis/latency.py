@@ -16,7 +16,11 @@ start order. Along it, every millisecond lands in exactly one component:
 - tool_ms: the agent's tool time before its call (Executor);
 - other_ms: the gap between the previous call's end and this call's start, minus the tool
   time (graph step, prompt building: "other/client"), never below 0. The first call of a
-  workflow has no gap.
+  workflow has no gap. The previous call is the last one that had ended when this call started
+  (turns.last_end_sql): a parallel branch's gap runs from its dispatcher, not from a sibling.
+
+With parallel branches (a graph's `Send` fan-out), path_ms sums every branch: it is the agents'
+time, larger than wall_ms, not the longest chain through the branches.
 
 Each call's gap, tool and call time belong to that call's agent, so agent times add up to the
 workflow time (`path_ms` = sum of call, tool and other time along the chain; equal to the wall
@@ -34,7 +38,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kvscope.analysis.turns import BASE, BURDEN, HIT_RATIO, agent_order, nonneg, query
+from kvscope.analysis.turns import (
+    BASE,
+    BURDEN,
+    HIT_RATIO,
+    last_end_sql,
+    nonneg,
+    order_sql,
+    query,
+    table_order,
+)
 from kvscope.records.requests import STATUS_OK
 
 LOW_HIT = 0.5  # an agent below this weighted hit ratio ...
@@ -83,8 +96,8 @@ est AS (
   SELECT *, status = '{STATUS_OK}' AS ok, (end_ns - start_ns) / 1e6 AS span_ms,
     coalesce(prefill_ms, ttft_ms - queue_ms) AS prefill_est,
     coalesce(decode_ms, e2e_ms - ttft_ms) AS decode_est,
-    lag(end_ns) OVER (PARTITION BY workflow_run_id ORDER BY start_ns, request_uuid) AS prev_end_ns
-  FROM base
+    {last_end_sql()} AS prev_end_ns
+  FROM base c
 ),
 split AS (
   SELECT *,
@@ -181,7 +194,7 @@ def agent_breakdown(
     sql = f"""
     WITH a AS (SELECT {_sums("agent_id")} FROM rows GROUP BY agent_id)
     SELECT *, path_ms / nullif(sum(path_ms) OVER (), 0) AS share FROM a
-    ORDER BY {agent_order()}
+    ORDER BY {order_sql(table_order(requests))}
     """
     table = query(sql, rows=rows)
     flags = [

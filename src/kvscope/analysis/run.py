@@ -12,8 +12,9 @@ from typing import Any
 import pyarrow as pa
 
 from kvscope.analysis import evictions, latency, provenance, transitions, turns
-from kvscope.analysis.agents import AgentSummary, as_table, overall, per_agent
+from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
+from kvscope.analysis.predictability import Predictability, predictability
 from kvscope.analysis.reconcile import Reconciliation, reconcile
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
@@ -37,6 +38,7 @@ class RunAnalysis:
     run: dict[str, Any]  # run.json ({} for a run directory without one)
     requests: pa.Table  # every canonical column (an older run's missing ones are null)
     finalized: Finalized | None  # finalize.json: torn lines, KV event counts
+    order: list[str | None]  # agents.agent_order: the run's agents by first appearance
     # RQ1: per agent, per agent x turn, where the prompt tokens came from (Level 3)
     agents: list[AgentSummary]
     total: AgentSummary
@@ -44,6 +46,8 @@ class RunAnalysis:
     provenance: dict[str, dict[str, int]]
     # RQ2: per transition
     transitions: pa.Table
+    # which agent comes next: sequences, reuse distance, next-agent predictor
+    predictability: Predictability
     # RQ6: where workflow time goes
     fit: latency.PrefillFit | None
     calls: pa.Table
@@ -115,6 +119,7 @@ class RunAnalysis:
                 asdict(r) | {"difference": r.difference} for r in self.reconciliation
             ],
             "time_split": [t.to_dict() for t in self.time_split],
+            "predictability": self.predictability.summary(),
             "kv_events": asdict(self.kv) if self.kv else None,
             "evictions": {
                 "summary": self.eviction_summary(),
@@ -143,17 +148,20 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
     block_rows = blocks.to_pylist() if blocks is not None else None
     fit = latency.fit_prefill_cost(table)
     counters = {name: [v for _, v in pts] for name, pts in series.items()}
+    order = agent_order(rows)
     return RunAnalysis(
         run_dir=run_dir,
         label=label or run_dir.name,
         run=run,
         requests=table,
         finalized=Finalized.read(run_dir),
+        order=order,
         agents=per_agent(rows),
         total=overall(rows),
-        turns=turns.agent_turns(table),
+        turns=turns.agent_turns(table, order),
         provenance=provenance.by_agent(rows),
-        transitions=transitions.transitions(table),
+        transitions=transitions.transitions(table, order),
+        predictability=predictability(rows),
         fit=fit,
         calls=latency.call_rows(table, fit),
         latency=latency.agent_breakdown(table, fit),
@@ -166,9 +174,9 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
         reconciliation=reconcile(rows, counters, counter_delta) if sampled else [],
         time_split=time_split(rows, metric_rows),
         blocks=block_rows,
-        evictions=evictions.matrix(blocks) if blocks is not None else None,
+        evictions=evictions.matrix(blocks, order) if blocks is not None else None,
         harm=evictions.by_transition(block_rows) if block_rows is not None else [],
-        residency=evictions.residency(block_rows) if block_rows is not None else [],
+        residency=evictions.residency(block_rows, order) if block_rows is not None else [],
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from kvscope.analysis.agents import agent_key, weighted_hit_ratio
-from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, agent_order, query
+from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, order_sql, query, table_order
 
 ALL = "all"
 SHARING_ORDER = ("none", "system", "task", "documents", "branch")
@@ -73,8 +73,13 @@ def _arrow_type(value: Any) -> pa.DataType:
     return pa.string()
 
 
-def _agent_last(column: str = "agent_id") -> str:
-    return f"CASE WHEN {column} = '{ALL}' THEN 1 ELSE 0 END, {agent_order(column)}"
+def runs_order(tables: Iterable[pa.Table]) -> list[str | None]:
+    """The agents of several runs: each run's agent_order, in the runs' order, first seen first."""
+    return list(dict.fromkeys(a for t in tables for a in table_order(t)))
+
+
+def _agent_last(order: Sequence[str | None], column: str = "agent_id") -> str:
+    return f"CASE WHEN {column} = '{ALL}' THEN 1 ELSE 0 END, {order_sql(order, column)}"
 
 
 def layout_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
@@ -90,7 +95,7 @@ def layout_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
         ({"run": label, "prompt_layout": distinct_values(t, "prompt_layout")}, _per_agent(t))
         for label, t in runs.items()
     ]
-    return _stack(parts, f"run, {_agent_last()}")
+    return _stack(parts, f"run, {_agent_last(runs_order(runs.values()))}")
 
 
 def distinct_values(table: pa.Table, column: str) -> str:
@@ -125,7 +130,7 @@ def pressure_sweep(runs: Sequence[tuple[Mapping[str, Any], pa.Table]]) -> pa.Tab
     ]
     order = (
         "concurrency NULLS FIRST, kv_capacity_tokens DESC NULLS FIRST, "
-        f'"group" NULLS FIRST, run, {_agent_last()}'
+        f'"group" NULLS FIRST, run, {_agent_last(runs_order(t for _, t in runs))}'
     )
     return _stack(parts, order)
 
@@ -183,7 +188,8 @@ def _first_loss(
         return None
     ref_at = points[0]
     candidates = []
-    for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
+    seen = list(dict.fromkeys(r["agent_id"] for r in rows))  # the sweep's rows are in agent order
+    for agent in sorted(set(seen), key=agent_key(seen)):
         ratio = pooled([r for r in rows if r["agent_id"] == agent], axis)
         ref = ratio.get(ref_at)
         if not ref:
@@ -225,6 +231,6 @@ def sharing_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
         )
         parts.append(({"run": label}, _per_agent(modes, "sharing_mode,")))
     order = f"CASE sharing_mode {whens} ELSE {len(SHARING_ORDER)} END, sharing_mode, run, " + (
-        _agent_last()
+        _agent_last(runs_order(runs.values()))
     )
     return _stack(parts, order)

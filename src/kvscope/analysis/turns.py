@@ -16,7 +16,7 @@ This module also holds the small SQL helpers the other analyses share.
 import duckdb
 import pyarrow as pa
 
-from kvscope.analysis.agents import AGENT_ORDER, as_table, per_agent
+from kvscope.analysis.agents import AgentOrder, agent_order, as_table, per_agent
 from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK, RequestRecord
 
 # The view every query starts from: the table plus a `measured` flag.
@@ -64,10 +64,41 @@ def nonneg(expr: str) -> str:
     return f"CASE WHEN ({expr}) IS NULL THEN NULL ELSE greatest({expr}, 0) END"
 
 
-def agent_order(column: str = "agent_id") -> str:
-    """SQL sort key: PEER order first, then other agents by name."""
-    whens = " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(AGENT_ORDER))
-    return f"CASE {column} {whens} ELSE {len(AGENT_ORDER)} END, {column}"
+def last_end_sql(same: str = "") -> str:
+    """SQL: the latest end_ns among the calls of this call's workflow (and `same` condition)
+    that started before it and had ended when it started; null if none. The query names the
+    call's table `c` and BASE `base`.
+
+    For a sequential workflow this is the previous call's end (lag by start); for parallel
+    branches it is not a sibling still running but the last call that had finished (the
+    dispatcher for a fan-out's branches, the last branch to finish for a join).
+    """
+    return f"""(SELECT max(p.end_ns) FROM base p
+      WHERE p.workflow_run_id IS NOT DISTINCT FROM c.workflow_run_id {same}
+        AND (p.start_ns < c.start_ns OR (p.start_ns = c.start_ns AND p.request_uuid <
+          c.request_uuid))
+        AND p.end_ns <= c.start_ns)"""
+
+
+def order_sql(order: AgentOrder, column: str = "agent_id") -> str:
+    """SQL sort key of `column`: the agents of `order` (agents.agent_order) by position, then
+    other agents by name, then null (the same rule as agents.agent_key)."""
+    agents = [a for a in order if a is not None]
+    whens = " ".join(f"WHEN {sql_str(a)} THEN {i}" for i, a in enumerate(agents))
+    if not agents:
+        return f"{column} IS NULL, {column}"
+    return f"{column} IS NULL, CASE {column} {whens} ELSE {len(agents)} END, {column}"
+
+
+def sql_str(text: str) -> str:
+    """A SQL string literal of `text` (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def table_order(requests: pa.Table) -> list[str | None]:
+    """agents.agent_order of a request table."""
+    cols = [c for c in ("agent_id", "start_ns") if c in requests.column_names]
+    return agent_order(requests.select(cols).to_pylist())
 
 
 def query(sql: str, **tables: pa.Table) -> pa.Table:
@@ -91,18 +122,19 @@ def agent_summary(requests: pa.Table) -> pa.Table:
     return as_table(per_agent(RequestRecord.conform(requests).to_pylist()))
 
 
-def agent_turns(requests: pa.Table) -> pa.Table:
-    """RQ1 per agent x turn: how each agent's reuse changes across PEER cycles.
+def agent_turns(requests: pa.Table, order: AgentOrder | None = None) -> pa.Table:
+    """RQ1 per agent x turn: how each agent's reuse changes across its visits (turns).
 
     Columns: agent_id, turn_id, calls (all rows), failed (status != ok), measured (ok rows with
     prompt and cached tokens), prompt_tokens, cached_tokens (sums over measured rows),
     weighted_hit_ratio, recompute_burden, ttft_p50_ms (successful calls).
-    Sorted by PEER agent order, then turn.
+    Sorted by `order` (default: the table's agent_order), then turn.
     """
+    order = table_order(requests) if order is None else order
     sql = f"""
     SELECT agent_id, turn_id, {CACHE_AGGREGATES}
     FROM ({BASE})
     GROUP BY agent_id, turn_id
-    ORDER BY {agent_order()}, turn_id
+    ORDER BY {order_sql(order)}, turn_id
     """
     return query(sql, requests=requests)

@@ -10,7 +10,11 @@ from kvscope.cli.report import RUNS_DIR_OPTION, TRACKING_OPTION, resolve_run
 from kvscope.errors import KvscopeError
 
 RQS = (1, 2, 3, 4, 5, 6)
-PER_RUN = {1: ("overview", "agents", "turns"), 2: ("transitions",), 6: ("latency",)}
+PER_RUN = {
+    1: ("overview", "agents", "turns"),
+    2: ("transitions", "predictability"),
+    6: ("latency",),
+}
 CROSS_RUN = {3: "rq3", 4: "rq4", 5: "rq5"}
 
 
@@ -48,8 +52,8 @@ def analyze(
     runs_dir: Annotated[Path, RUNS_DIR_OPTION] = Path("runs"),
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
-    """Print the analyses of RQ1 (agents, turns), RQ2 (transitions), RQ6 (workflow time) and,
-    across runs, RQ3 (layout), RQ4 (cache pressure) and RQ5 (sharing)."""
+    """Print the analyses of RQ1 (agents, turns), RQ2 (transitions, next-agent predictability),
+    RQ6 (workflow time) and, across runs, RQ3 (layout), RQ4 (cache pressure) and RQ5 (sharing)."""
     from kvscope.report import run_sections
     from kvscope.report.compare_sections import cross_run_sections
     from kvscope.report.pages import analyze_runs

@@ -20,7 +20,6 @@ from kvscope.sweep import (
     preflight,
     run_sweep,
 )
-from kvscope.workload.prompts import AGENTS
 
 
 @friendly
@@ -90,7 +89,8 @@ def _show_plan(plan: Sweep) -> None:
 def _show(record: SweepRecord) -> None:
     """One row per point: weighted hit ratio overall and per agent, time, run or error."""
     table = Table(title=f"sweep {record.sweep}: weighted hit ratio", title_justify="left")
-    heads = ("point", "status", "all", *AGENTS, "s", "run directory / error")
+    agents = list(dict.fromkeys(a for p in record.points for a in p.agent_hit_ratio))  # as ran
+    heads = ("point", "status", "all", *map(str, agents), "s", "run directory / error")
     for head in heads:
         table.add_column(
             head, justify="left" if head in (heads[0], heads[1], heads[-1]) else "right"
@@ -101,7 +101,7 @@ def _show(record: SweepRecord) -> None:
             p.label.removeprefix(f"{record.sweep}-"),
             _status(p),
             _ratio(p.hit_ratio),
-            *(_ratio(p.agent_hit_ratio.get(a)) for a in AGENTS),
+            *(_ratio(p.agent_hit_ratio.get(a)) for a in agents),
             "" if p.seconds is None else f"{p.seconds:.0f}",
             where if p.status == OK else (p.error or where),
         )

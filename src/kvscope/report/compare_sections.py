@@ -135,7 +135,9 @@ def rq4(data: Sequence[RunAnalysis], by_capacity: bool, by_concurrency: bool) ->
         "rq4",
         "RQ4: cache pressure",
         say("rq4_intro"),
-        plots.capacity_lines(sweep, losses) if by_capacity else None,
+        plots.capacity_lines(sweep, losses, runs.runs_order(d.requests for d in data))
+        if by_capacity
+        else None,
         say("rq4_missing"),
         [table(sweep, cols, "per run and agent", drop_null=True)],
         notes,

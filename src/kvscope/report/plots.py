@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 from matplotlib.figure import Figure
 
-from kvscope.analysis.agents import agent_key
+from kvscope.analysis.agents import AgentOrder, agent_key
 from kvscope.analysis.latency import COMPONENT_LABELS, COMPONENTS, PrefillFit
 from kvscope.analysis.runs import ALL, ReuseLoss, pooled
 from kvscope.analysis.transitions import SAME_AGENT, matrix
@@ -35,8 +35,14 @@ COMPONENT_COLORS = {
 }
 
 
-def color(agent: str | None) -> str:
-    return agent_color(None if agent == NO_AGENT else agent)
+def color(agent: str | None, order: AgentOrder = ()) -> str:
+    """timeline.agent_color of an agent or of its label here (NO_AGENT = null)."""
+    return agent_color(None if agent == NO_AGENT else agent, order)
+
+
+def _key(order: AgentOrder) -> Any:
+    """agents.agent_key over the labels of this module (null -> NO_AGENT, sorted last)."""
+    return agent_key([NO_AGENT if a is None else a for a in order])
 
 
 def data_uri(fig: Figure) -> str:
@@ -84,11 +90,11 @@ PROVENANCE_PARTS = (  # (column, label, color): cached in blues/greens, uncached
 )
 
 
-def provenance_bars(sums: dict[str, dict[str, int]]) -> str | None:
+def provenance_bars(sums: dict[str, dict[str, int]], order: AgentOrder = ()) -> str | None:
     """Per agent, its prompt tokens split by where they came from (Level 3 provenance)."""
     if not sums:
         return None
-    agents = sorted(sums, key=agent_key)
+    agents = sorted(sums, key=agent_key(order))
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(agents) + 1.4))
     left = [0] * len(agents)
     for column, label, tint in PROVENANCE_PARTS:
@@ -104,13 +110,13 @@ def provenance_bars(sums: dict[str, dict[str, int]]) -> str | None:
     return data_uri(fig)
 
 
-def agent_bars(agents: pa.Table) -> str | None:
+def agent_bars(agents: pa.Table, order: AgentOrder = ()) -> str | None:
     """Weighted hit ratio and recompute burden per agent (AgentSummary columns)."""
     rows = [r for r in _rows(agents) if r.get("weighted_hit_ratio") is not None]
     if not rows:
         return None
     names = [r["agent_id"] for r in rows]
-    colors = [color(a) for a in names]
+    colors = [color(a, order) for a in names]
     fig, (hit, burden) = plt.subplots(1, 2, figsize=(10, 3.4))
     ratios = [100 * r["weighted_hit_ratio"] for r in rows]
     hit.bar(names, ratios, color=colors)
@@ -130,20 +136,20 @@ def agent_bars(agents: pa.Table) -> str | None:
     return data_uri(fig)
 
 
-def turn_lines(turns: pa.Table) -> str | None:
-    """Weighted hit ratio per agent across PEER turns (agent_turns)."""
+def turn_lines(turns: pa.Table, order: AgentOrder = ()) -> str | None:
+    """Weighted hit ratio per agent across its turns (agent_turns)."""
     rows = [
         r for r in _rows(turns) if r["weighted_hit_ratio"] is not None and r["turn_id"] is not None
     ]  # a call outside any graph has no turn
     if len({r["turn_id"] for r in rows}) < 2:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
-    for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
+    for agent in sorted({r["agent_id"] for r in rows}, key=_key(order)):
         pts = sorted(
             (r["turn_id"], 100 * r["weighted_hit_ratio"]) for r in rows if r["agent_id"] == agent
         )
-        ax.plot(*zip(*pts, strict=True), marker="o", color=color(agent), label=agent)
-    ax.set_xlabel("turn (PEER cycle)")
+        ax.plot(*zip(*pts, strict=True), marker="o", color=color(agent, order), label=agent)
+    ax.set_xlabel("turn (the agent's k-th visit in its workflow)")
     ax.set_ylabel("weighted hit ratio (%)")
     ax.set_xticks(sorted({r["turn_id"] for r in rows}))
     ax.set_ylim(0, 105)
@@ -159,13 +165,13 @@ def _same_agent_row(pairs: pa.Table, tos: list[str], value: str) -> list[Any]:
     return [got.get(t) for t in tos]
 
 
-def transition_heatmap(pairs: pa.Table) -> str | None:
+def transition_heatmap(pairs: pa.Table, order: AgentOrder = ()) -> str | None:
     """previous agent x agent, weighted hit ratio of the handoffs (transitions).
 
     A last row, below a line, holds the same-agent returns (an agent's own previous call).
     """
-    froms, tos, cells = matrix(pairs)
-    calls = matrix(pairs, "calls")[2]
+    froms, tos, cells = matrix(pairs, order=order)
+    calls = matrix(pairs, "calls", order=order)[2]
     same = _same_agent_row(pairs, tos, "weighted_hit_ratio")
     same_calls = _same_agent_row(pairs, tos, "calls")
     if any(n is not None for n in same_calls):
@@ -235,7 +241,7 @@ def latency_stack(breakdown: pa.Table) -> str | None:
     return data_uri(fig)
 
 
-def ttft_scatter(calls: pa.Table, fit: PrefillFit | None) -> str | None:
+def ttft_scatter(calls: pa.Table, fit: PrefillFit | None, order: AgentOrder = ()) -> str | None:
     """TTFT vs new prefill tokens per successful call, coloured by agent (latency.call_rows)."""
     rows = [
         r
@@ -245,9 +251,9 @@ def ttft_scatter(calls: pa.Table, fit: PrefillFit | None) -> str | None:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
+    for agent in sorted({r["agent_id"] for r in rows}, key=_key(order)):
         pts = [(r["new_prefill"], r["ttft_ms"]) for r in rows if r["agent_id"] == agent]
-        ax.scatter(*zip(*pts, strict=True), color=color(agent), label=agent, s=22, alpha=0.8)
+        ax.scatter(*zip(*pts, strict=True), color=color(agent, order), label=agent, s=22, alpha=0.8)
     if fit is not None:
         xs = [0, max(r["new_prefill"] for r in rows)]
         label = f"fit of {fit.fit_on}: {fit.intercept_ms:.0f} ms + {fit.ms_per_token:.2f} ms/token"
@@ -269,13 +275,13 @@ def ttft_scatter(calls: pa.Table, fit: PrefillFit | None) -> str | None:
     return data_uri(fig)
 
 
-def eviction_heatmap(pairs: pa.Table) -> str | None:
+def eviction_heatmap(pairs: pa.Table, order: AgentOrder = ()) -> str | None:
     """Evictor agent x victim agent: blocks evicted, harmful recomputed tokens (eviction_pairs)."""
     rows = _rows(pairs, False)
     if not rows:
         return None
-    evictors = sorted({r["evictor_agent_id"] for r in rows}, key=agent_key)
-    victims = sorted({r["victim_agent_id"] for r in rows}, key=agent_key)
+    evictors = sorted({r["evictor_agent_id"] for r in rows}, key=_key(order))
+    victims = sorted({r["victim_agent_id"] for r in rows}, key=_key(order))
     counts = [[0] * len(victims) for _ in evictors]
     for r in rows:
         counts[evictors.index(r["evictor_agent_id"])][victims.index(r["victim_agent_id"])] = r
@@ -308,7 +314,9 @@ def eviction_heatmap(pairs: pa.Table) -> str | None:
     return data_uri(fig)
 
 
-def capacity_lines(sweep: pa.Table, losses: Sequence[ReuseLoss]) -> str | None:
+def capacity_lines(
+    sweep: pa.Table, losses: Sequence[ReuseLoss], order: AgentOrder = ()
+) -> str | None:
     """Per-agent hit ratio vs KV capacity (pressure_sweep): a line per agent, and a line style
     per concurrency and group (runs that differ in other settings)."""
     rows = [
@@ -326,7 +334,7 @@ def capacity_lines(sweep: pa.Table, losses: Sequence[ReuseLoss]) -> str | None:
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for k, (conc, group) in enumerate(series):
-        for agent in sorted({r["agent_id"] for r in rows}, key=agent_key):
+        for agent in sorted({r["agent_id"] for r in rows}, key=_key(order)):
             line = [
                 r
                 for r in rows
@@ -343,7 +351,7 @@ def capacity_lines(sweep: pa.Table, losses: Sequence[ReuseLoss]) -> str | None:
             ax.plot(
                 *zip(*pts, strict=True),
                 marker="o",
-                color=color(agent),
+                color=color(agent, order),
                 label=label,
                 ls=styles[k % len(styles)],
             )

@@ -10,7 +10,7 @@ from kvscope.analysis.run import RunAnalysis
 from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
 from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
 from kvscope.records.run_dir import TIMELINE_PNG
-from kvscope.report import plots, timeline
+from kvscope.report import plots, sequences, timeline
 from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
 from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
@@ -23,6 +23,7 @@ def run_sections(run: RunAnalysis) -> list[Section]:
         turns(run),
         provenance(run),
         transitions(run),
+        predictability(run),
         latency(run),
         ttft(run),
         timeline_section(run),
@@ -65,14 +66,14 @@ def agents(run: RunAnalysis) -> Section:
         "agents",
         "RQ1: per agent",
         say("agents_intro"),
-        plots.agent_bars(summary),
+        plots.agent_bars(summary, run.order),
         say("agents_missing"),
         [table(summary, COLUMNS["agent"], "per agent")],
     )
 
 
 def turns(run: RunAnalysis) -> Section:
-    lines = plots.turn_lines(run.turns)
+    lines = plots.turn_lines(run.turns, run.order)
     return Section(
         "turns",
         "RQ1: per agent and turn",
@@ -99,7 +100,7 @@ def provenance(run: RunAnalysis) -> Section:
         "provenance",
         "RQ1: who the cache served, and why the rest was computed",
         say("provenance_intro"),
-        plots.provenance_bars(sums),
+        plots.provenance_bars(sums, run.order),
         say("provenance_missing"),
         [provenance_table(run)] if sums else [],
     )
@@ -114,11 +115,16 @@ def transitions(run: RunAnalysis) -> Section:
         "transitions",
         "RQ2: transitions",
         say("transitions_intro"),
-        plots.transition_heatmap(pairs),
+        plots.transition_heatmap(pairs, run.order),
         say("transitions_missing"),
         [table(pairs, cols, "transitions", drop_null=True)],
         [] if has_prov else [say("transitions_no_provenance")],
     )
+
+
+def predictability(run: RunAnalysis) -> Section:
+    """Agent sequences, reuse distance per agent, next-agent predictor (report.sequences)."""
+    return sequences.section(run.predictability, run.order)
 
 
 def latency(run: RunAnalysis) -> Section:
@@ -158,7 +164,7 @@ def ttft(run: RunAnalysis) -> Section:
         "ttft",
         "TTFT vs new prefill tokens",
         say("ttft_intro"),
-        plots.ttft_scatter(run.calls, run.fit),
+        plots.ttft_scatter(run.calls, run.fit, run.order),
         say("ttft_missing"),
     )
 
@@ -186,7 +192,7 @@ def evictions(run: RunAnalysis) -> Section:
         "evictions",
         "Evictions",
         say("evictions_intro"),
-        plots.eviction_heatmap(pairs) if pairs is not None else None,
+        plots.eviction_heatmap(pairs, run.order) if pairs is not None else None,
         say("evictions_missing", recorded),
         [table(pairs, COLUMNS["eviction"], "evictor x victim")]
         if pairs is not None and pairs.num_rows

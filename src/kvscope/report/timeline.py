@@ -10,21 +10,26 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
 
-from kvscope.analysis.agents import AGENT_ORDER, agent_key
+from kvscope.analysis.agents import AgentOrder, agent_key, agent_order
 
-# the PEER agents' colours, in their order; any other agent: one of PALETTE, by its name
-AGENT_COLORS = dict(zip(AGENT_ORDER, ("#4C72B0", "#DD8452", "#55A868", "#C44E52"), strict=True))
-PALETTE = ("#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD", "#2a9d8f",
-           "#e76f51", "#264653", "#b5838d")  # fmt: skip
+# An agent's colour: PALETTE by its place in the run's agent order (first appearance), so a
+# PEER run's planner, executor, expresser and reviewer keep blue, orange, green and red; an
+# agent outside the order (or past the palette): one of PALETTE by a hash of its name.
+PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+           "#8C8C8C", "#CCB974", "#64B5CD", "#2a9d8f", "#e76f51", "#264653", "#b5838d")  # fmt: skip
 NO_AGENT_COLOR = "#777"
 NO_THREAD = "(no thread)"
 
 
-def agent_color(agent: str | None) -> str:
-    """The colour of an agent in every figure: the same name, the same colour, in every run."""
+def agent_color(agent: str | None, order: AgentOrder = ()) -> str:
+    """The colour of an agent in every figure of a run: PALETTE[its index in `order`] (the run's
+    agents.agent_order), else a hash of its name; calls of no agent are grey."""
     if agent is None:
         return NO_AGENT_COLOR
-    return AGENT_COLORS.get(agent) or PALETTE[zlib.crc32(agent.encode()) % len(PALETTE)]
+    agents = [a for a in order if a is not None]
+    if agent in agents and agents.index(agent) < len(PALETTE):
+        return PALETTE[agents.index(agent)]
+    return PALETTE[zlib.crc32(agent.encode()) % len(PALETTE)]
 
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
@@ -39,6 +44,7 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
         return (t_ns - t0) / 1e9
 
     lanes = sorted({r["thread_id"] or NO_THREAD for r in rows})
+    order = agent_order(rows)
     fig, (kv, queue, calls) = plt.subplots(
         3, 1, sharex=True, figsize=(11, 7.5), height_ratios=(2, 1, max(1.5, 0.35 * len(lanes)))
     )
@@ -62,15 +68,15 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     for r in rows:
         lane = lanes.index(r["thread_id"] or NO_THREAD)
         end = r["end_ns"] if r["end_ns"] > r["start_ns"] else r["start_ns"] + 1
-        color = agent_color(r["agent_id"])
+        color = agent_color(r["agent_id"], order)
         hatch = None if r["status"] == "ok" else "xx"
         calls.barh(lane, secs(end) - secs(r["start_ns"]), left=secs(r["start_ns"]), height=0.7,
                    color=color, edgecolor="white", hatch=hatch)  # fmt: skip
     calls.set_yticks(range(len(lanes)), [lane.rsplit("-", 1)[-1] for lane in lanes], fontsize=8)
     calls.set_ylabel("workflow")
     calls.set_xlabel("seconds")
-    agents = sorted({r["agent_id"] for r in rows if r["agent_id"]}, key=agent_key)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=agent_color(a)) for a in agents]
+    agents = sorted({r["agent_id"] for r in rows if r["agent_id"]}, key=agent_key(order))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=agent_color(a, order)) for a in agents]
     calls.legend(handles, agents, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                  ncols=min(len(agents), 6) or 1, frameon=False)  # above the lanes  # fmt: skip
     fig.tight_layout()
