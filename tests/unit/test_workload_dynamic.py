@@ -159,3 +159,21 @@ def test_supervisor_config_checks() -> None:
         WorkloadConfig(workflow="supervisor", mode="synthetic")
     with pytest.raises(ValueError):
         WorkloadConfig(workflow="supervisor", sharing="branch")
+
+
+def test_mlflow_params_name_each_workload() -> None:
+    from kvscope.config import ExperimentConfig
+    from kvscope.probe.params import mlflow_params
+
+    env = {"engine": {"launch_command": "x"}}
+    sup = ExperimentConfig(workload=supervisor(workers=3, max_steps=9))
+    p = mlflow_params(sup, "m", None, {}, env)
+    assert p["workflow"] == "supervisor-researcher-analyst-writer"
+    assert (p["workflow_kind"], p["workers"], p["max_steps"]) == ("supervisor", 3, 9)
+    assert p["prompt_template_version"] == TEMPLATE_VERSION and "loop_mode" not in p
+    dyn = mlflow_params(ExperimentConfig(workload=dynamic(max_steps=10)), "m", None, {}, env)
+    assert dyn["workflow"] == "planner-executor-expresser-reviewer"
+    assert (dyn["loop_mode"], dyn["max_steps"]) == ("dynamic", 10)
+    assert "workers" not in dyn and "cycles" not in dyn and "max_cycles" not in dyn
+    fixed = mlflow_params(ExperimentConfig(), "m", None, {}, env)
+    assert (fixed["loop_mode"], fixed["cycles"]) == ("fixed", 2) and "max_steps" not in fixed
