@@ -40,9 +40,13 @@ def sequences(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+# The shipped configs' settings (max_tokens 32, 4 workers) with 4 workflows: on SmolLM2-135M the
+# first four tasks of seed 0 took 2 distinct routes in each workload when these were written.
+
+
 def test_dynamic_peer(up: Up, tmp_path: Path) -> None:
     run_dir, unparsed = run_config(
-        up, tmp_path, "peer-dynamic", workflows=4, concurrency=2, max_steps=7, max_tokens=16
+        up, tmp_path, "peer-dynamic", workflows=4, concurrency=2, max_steps=7
     )
     threads = sequences(run_dir)
     paths = {tuple(r["agent_id"] for r in rows) for rows in threads.values()}
@@ -61,18 +65,15 @@ def test_dynamic_peer(up: Up, tmp_path: Path) -> None:
 
 
 def test_supervisor(up: Up, tmp_path: Path) -> None:
-    run_dir, unparsed = run_config(
-        up, tmp_path, "supervisor", workflows=4, concurrency=2, workers=3, max_steps=8,
-        max_tokens=16,
-    )  # fmt: skip
+    run_dir, unparsed = run_config(up, tmp_path, "supervisor", workflows=4, concurrency=2)
     threads = sequences(run_dir)
     paths = {tuple(r["agent_id"] for r in rows) for rows in threads.values()}
     assert len(threads) == 4 and len(paths) > 1, paths
     assert unparsed == 0
     for rows in threads.values():
         agents = [r["agent_id"] for r in rows]
-        assert agents[0] == "supervisor" and len(agents) <= 8
-        assert set(agents) <= {"supervisor", "researcher", "analyst", "writer"}
+        assert agents[0] == "supervisor" and agents[-1] == "supervisor" and len(agents) <= 10
+        assert set(agents) <= {"supervisor", "researcher", "analyst", "writer", "critic"}
         assert all(r["status"] == "ok" for r in rows)
         for r in rows:  # every worker, Send branches included, comes after the supervisor
             if r["agent_id"] != "supervisor":

@@ -52,7 +52,8 @@ def run(
         str | None, typer.Option(help="MLflow tracking URI (default: SQLite under runs dir).")
     ] = None,
 ) -> None:
-    """Run PEER workflows on the engine and show, per agent, how the KV cache served them."""
+    """Run the configured workflows (PEER, dynamic PEER, supervisor) on the engine and show, per
+    agent, how the KV cache served them."""
     from kvscope.experiment import Hooks, run_experiment  # MLflow and LangGraph load slowly
 
     # MLflow sets its own INFO level when imported; its migration and flush lines would
