@@ -1,6 +1,9 @@
 """A scripted engine for the PEER app's tests: an `AsyncOpenAI` whose transport answers each chat
 call with a reply chosen per agent, streamed in vLLM's shape (usage chunk when asked for).
 
+A routing call (`response_format` with a string-enum JSON schema) is answered like any other:
+the `reply` function sees its allowed replies as `Call.choices` and returns one (JSON-quoted).
+
 The agent and thread of a call are read from LangGraph's run context where the transport runs
 (the calling node's task), so the engine needs no help from the app; `turn` counts the agent's
 calls in its thread (the PEER cycle). Requests go to BASE, so an Interceptor for BASE sees them.
@@ -34,6 +37,14 @@ class Call:
     def messages(self) -> list[dict[str, str]]:
         return self.body["messages"]
 
+    @property
+    def choices(self) -> list[str] | None:
+        """A routing call's allowed replies (its response_format's string enum), else None."""
+        fmt = self.body.get("response_format")
+        if not fmt:
+            return None
+        return list(fmt["json_schema"]["schema"]["enum"])
+
 
 PLAN = "CALC: (2418.6 - 2105.3) / 2105.3 * 100\nSteps: growth over 2022."
 REPLIES = {
@@ -45,7 +56,10 @@ REPLIES = {
 
 
 def default_reply(call: Call) -> str:
-    return REPLIES[call.agent]
+    """The agent's scripted text; a routing call's first choice, as JSON (`"planner"`)."""
+    if call.choices is not None:
+        return json.dumps(call.choices[0])
+    return REPLIES.get(call.agent, f"{call.agent} output")
 
 
 @dataclass

@@ -103,15 +103,29 @@ class SyntheticConfig(BaseModel):
 class WorkloadConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workflow: Literal["peer"] = "peer"
+    workflow: Literal["peer", "supervisor"] = Field(
+        "peer",
+        description="peer: Planner/Executor/Expresser/Reviewer; supervisor: a supervisor routing "
+        "among `workers` workers (kvscope.workload.supervisor).",
+    )
     mode: Literal["tasks", "synthetic"] = "tasks"
     workflows: int = Field(4, ge=1, description="How many workflow runs (one thread each).")
     concurrency: int = Field(2, ge=1, description="Workflows in flight at once.")
-    loop: Literal["fixed", "model"] = Field(
-        "fixed", description="fixed: `cycles` PEER cycles; model: the Reviewer decides."
+    loop: Literal["fixed", "model", "dynamic"] = Field(
+        "fixed",
+        description="PEER's loop. fixed: `cycles` PEER cycles; model: the Reviewer's text verdict "
+        "(DONE|REVISE) decides, <= max_cycles; dynamic: the Reviewer's structured choice "
+        "(planner | executor | end) decides, <= max_steps calls.",
     )
     cycles: int = Field(2, ge=1)
-    max_cycles: int = Field(3, ge=1, description="Bound of the model-decided loop.")
+    max_cycles: int = Field(3, ge=1, description="Bound of the model-decided loop (loop: model).")
+    max_steps: int = Field(
+        12,
+        ge=4,
+        description="Most model calls per workflow of a dynamic workflow (loop: dynamic, and the "
+        "supervisor); a route that would pass it ends the workflow instead.",
+    )
+    workers: int = Field(4, ge=3, le=6, description="Supervisor workers (workflow: supervisor).")
     layout: Layout = "shared-first"
     sharing: Sharing = Field(
         "documents", description="RQ5: what the agents' prompts share (tasks mode)."
@@ -127,6 +141,13 @@ class WorkloadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_sharing(self) -> "WorkloadConfig":
+        if self.workflow == "supervisor" and self.mode != "tasks":
+            raise ValueError("workflow supervisor runs on the task set: mode must be tasks")
+        if self.workflow == "supervisor" and (self.sharing, self.layout) != (
+            "documents",
+            "shared-first",
+        ):
+            raise ValueError("workflow supervisor has one prompt layout: leave sharing and layout")
         if self.mode == "synthetic" and self.sharing != "documents":
             raise ValueError("sharing is a tasks-mode setting (synthetic prompts share no context)")
         if self.layout == "role-first" and self.sharing in _NOT_ROLE_FIRST:

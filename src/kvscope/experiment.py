@@ -52,7 +52,8 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
 def drive(
     session: CaptureSession, cfg: ExperimentConfig, hooks: Hooks
 ) -> list[driver.WorkflowResult]:
-    """Run the configured PEER workflows against the session's engine, every call intercepted."""
+    """Run the configured workflows (PEER or supervisor) against the session's engine, every call
+    intercepted."""
     assert session.base_url is not None and session.model is not None
     tokenizer = _tokenizer(session.engine) if cfg.workload.mode == "synthetic" else None
     with session.intercept():

@@ -144,7 +144,13 @@ def test_a_bad_point_is_a_one_line_error_before_anything_starts(
 
 @pytest.mark.parametrize(
     ("name", "points", "engines"),
-    [("pressure", 6, 3), ("layout-ab", 2, 1), ("sharing-modes", 5, 1), ("radix-off", 2, 2)],
+    [
+        ("pressure", 6, 3),
+        ("layout-ab", 2, 1),
+        ("sharing-modes", 5, 1),
+        ("radix-off", 2, 2),
+        ("dynamic-pressure", 12, 3),
+    ],
 )
 def test_the_shipped_sweeps_load(name: str, points: int, engines: int) -> None:
     sw = sweep_mod.load_sweep(ROOT / "configs" / f"{name}.yaml")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kvscope import finalize
 from kvscope.cli.common import console, friendly
-from kvscope.config import ExperimentConfig, load_yaml, parse_experiment
+from kvscope.config import ExperimentConfig, WorkloadConfig, load_yaml, parse_experiment
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.requests import REQUESTS_PARQUET
 from kvscope.records.run_dir import REPORT_ERROR, REPORT_HTML
@@ -52,7 +52,8 @@ def run(
         str | None, typer.Option(help="MLflow tracking URI (default: SQLite under runs dir).")
     ] = None,
 ) -> None:
-    """Run PEER workflows on the engine and show, per agent, how the KV cache served them."""
+    """Run the configured workflows (PEER, dynamic PEER, supervisor) on the engine and show, per
+    agent, how the KV cache served them."""
     from kvscope.experiment import Hooks, run_experiment  # MLflow and LangGraph load slowly
 
     # MLflow sets its own INFO level when imported; its migration and flush lines would
@@ -63,10 +64,8 @@ def run(
                           runs_dir=runs_dir, tracking_uri=tracking_uri)  # fmt: skip
     w = cfg.workload
     console.print(
-        f"[bold]{cfg.name}[/]: {w.workflows} PEER workflows ({w.mode}, {w.layout}), "
-        f"concurrency {w.concurrency}, "
-        + (f"{w.cycles} cycles" if w.loop == "fixed" else f"Reviewer decides, <= {w.max_cycles}")
-        + f", engine {cfg.engine.kind}"
+        f"[bold]{cfg.name}[/]: {w.workflows} {_workflow_line(w)}, concurrency {w.concurrency}, "
+        f"engine {cfg.engine.kind}"
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[calls]} calls"), TimeElapsedColumn())  # fmt: skip
@@ -86,7 +85,19 @@ def run(
         )
         outcome = run_experiment(cfg, hooks)
         bar.update(task, description="done")
-    show(outcome, verdicts=w.loop == "model")
+    show(outcome, verdicts=w.loop != "fixed" or w.workflow != "peer")
+
+
+def _workflow_line(w: WorkloadConfig) -> str:
+    """What the workflows are, in a few words."""
+    if w.workflow == "supervisor":
+        return f"supervisor workflows ({w.workers} workers, <= {w.max_steps} calls)"
+    loop = {
+        "fixed": f"{w.cycles} cycles",
+        "model": f"Reviewer decides, <= {w.max_cycles}",
+        "dynamic": f"Reviewer routes, <= {w.max_steps} calls",
+    }[w.loop]
+    return f"PEER workflows ({w.mode}, {w.layout}), {loop}"
 
 
 def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
@@ -109,8 +120,8 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     workflows = w.workflows if w.workflows is not None else invocations
     console.print(f"{a.rows} LLM calls in {workflows} workflows{failed}{torn}")
     if w.unparsed_verdicts and verdicts:
-        console.print(f"{w.unparsed_verdicts} Reviewer verdict(s) could not be parsed "
-                      "(treated as REVISE)")  # fmt: skip
+        console.print(f"{w.unparsed_verdicts} routing decision(s) / verdict(s) could not be "
+                      "parsed (model loop: treated as REVISE; dynamic: ended)")  # fmt: skip
     if a.scrape is not None:
         sc, peak = a.scrape, a.server.get("kv_used_tokens_peak")
         console.print(

@@ -3,7 +3,7 @@
 from typing import Any
 
 from kvscope.config import ExperimentConfig, config_hash
-from kvscope.workload import prompts
+from kvscope.workload import prompts, supervisor_prompts
 
 
 def mlflow_params(
@@ -15,6 +15,8 @@ def mlflow_params(
 ) -> dict[str, object]:
     """The run's configuration as MLflow params (unset ones left out)."""
     w, e = cfg.workload, cfg.engine
+    peer = w.workflow == "peer"
+    dynamic = not peer or w.loop == "dynamic"
     params: dict[str, object] = {
         "model": model,
         "model_id": env.get("model", {}).get("model_id"),
@@ -31,17 +33,22 @@ def mlflow_params(
         "kv_capacity_tokens_config": e.kv_capacity_tokens,
         "kv_capacity_tokens": facts.get("capacity_tokens"),
         "context_length": e.context_length,
-        "workflow": "-".join(prompts.AGENTS),
-        "loop_mode": w.loop,
-        "cycles": w.cycles if w.loop == "fixed" else None,
-        "max_cycles": w.max_cycles if w.loop == "model" else None,
+        "workflow": workflow_param(cfg),
+        "workflow_kind": w.workflow,
+        "loop_mode": w.loop if peer else None,
+        "cycles": w.cycles if peer and w.loop == "fixed" else None,
+        "max_cycles": w.max_cycles if peer and w.loop == "model" else None,
+        "max_steps": w.max_steps if dynamic else None,
+        "workers": w.workers if not peer else None,
         "workflows": w.workflows,
         "concurrency": w.concurrency,
         "prompt_mode": w.mode,
         "prompt_layout": w.layout,
         "prompt_sharing": w.sharing if w.mode == "tasks" else None,
         "cold_start": cfg.cold_start,
-        "prompt_template_version": prompts.TEMPLATE_VERSION,
+        "prompt_template_version": (
+            prompts.TEMPLATE_VERSION if peer else supervisor_prompts.TEMPLATE_VERSION
+        ),
         "max_tokens": w.max_tokens if w.mode == "tasks" else w.synthetic.output_tokens,
         "fixed_prompt_tokens": w.synthetic.fixed_tokens if w.mode == "synthetic" else None,
         "dynamic_prompt_tokens": w.synthetic.dynamic_tokens if w.mode == "synthetic" else None,
@@ -60,8 +67,18 @@ def mlflow_params(
     return {k: v for k, v in params.items() if v is not None}
 
 
+def workflow_param(cfg: ExperimentConfig) -> str:
+    """The workflow's agents, dash-joined: PEER's four, or the supervisor and its workers."""
+    w = cfg.workload
+    if w.workflow == "supervisor":
+        agents = (supervisor_prompts.SUPERVISOR, *supervisor_prompts.WORKERS[: w.workers])
+        return "-".join(agents)
+    return "-".join(prompts.AGENTS)
+
+
 _WORKLOAD_PARAMS = (
-    "workflow", "loop_mode", "cycles", "max_cycles", "workflows", "concurrency", "prompt_mode",
+    "workflow", "workflow_kind", "max_steps", "workers",
+    "loop_mode", "cycles", "max_cycles", "workflows", "concurrency", "prompt_mode",
     "prompt_layout", "prompt_sharing", "prompt_template_version", "max_tokens",
     "fixed_prompt_tokens", "dynamic_prompt_tokens", "tool", "random_seed",
 )  # fmt: skip

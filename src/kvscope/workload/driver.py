@@ -1,7 +1,8 @@
-"""The driver: cfg.workflows PEER workflows, at most cfg.concurrency at once, one invocation each.
+"""The driver: cfg.workflows workflows (PEER or the supervisor, `workload.workflow`), at most
+cfg.concurrency at once, one invocation each.
 
 It is the app's own runner, not a profiler: it calls the engine at `base_url` (an OpenAI-compatible
-`.../v1`) with one `AsyncOpenAI` client shared by all workflows, and invokes the PEER graph once per
+`.../v1`) with one `AsyncOpenAI` client shared by all workflows, and invokes the graph once per
 workflow with a thread id and a fresh root run id (LangChain's config `run_id`), which a profiler
 reading LangGraph's run context takes as the workflow run id.
 """
@@ -12,14 +13,14 @@ import random
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import openai
 from langchain_core.runnables import RunnableConfig
 
 from kvscope.config import WorkloadConfig
 from kvscope.errors import ConfigError
-from kvscope.workload.peer import PeerAgents, build_graph, cycle_bound, initial_state
+from kvscope.workload import peer, supervisor
 from kvscope.workload.synthetic import SyntheticPrompts
 from kvscope.workload.taskset import Problem, TaskSet, load_tasks
 
@@ -32,11 +33,12 @@ class WorkflowResult:
     thread_id: str
     workflow_run_id: str
     task_id: str | None
-    cycles: int
+    cycles: int  # PEER cycles; supervisor decisions
     calls: int
-    unparsed_verdicts: int
+    unparsed_verdicts: int  # routing decisions that named no choice (0 with structured output)
     failed_agent: str | None
     ok: bool
+    path: tuple[str, ...] = ()  # the agents called, in order (Send branches in task order)
 
 
 def assign_tasks(tasks: TaskSet, workflows: int, seed: int) -> list[Problem]:
@@ -92,9 +94,18 @@ async def run_workflows(
         problems = assign_tasks(tasks, cfg.workflows, cfg.seed)
     own = client is None
     api = client if client is not None else client_for(base_url, cfg)
-    graph = build_graph(PeerAgents(api, model, cfg, tasks=tasks, synthetic=synthetic))
-    # Each cycle is 4 LangGraph steps; the slack only guards against a routing bug looping.
-    recursion_limit = 4 * cycle_bound(cfg) + 8
+    if cfg.workflow == "supervisor":
+        assert tasks is not None
+        graph = supervisor.build_graph(supervisor.SupervisorAgents(api, model, cfg, tasks))
+        initial_state: Callable[[int, Problem | None], Any] = supervisor.initial_state
+        # at most max_steps calls, each 1 step (a fan-out's branches share one, + its join)
+        recursion_limit = 2 * cfg.max_steps + 8
+    else:
+        agents = peer.PeerAgents(api, model, cfg, tasks=tasks, synthetic=synthetic)
+        graph = peer.build_graph(agents)
+        initial_state = peer.initial_state
+        # Each cycle is 4 LangGraph steps; the slack only guards against a routing bug looping.
+        recursion_limit = 4 * peer.cycle_bound(cfg) + 8
     gate = asyncio.Semaphore(cfg.concurrency)
     results: list[WorkflowResult | None] = [None] * cfg.workflows
 
@@ -117,6 +128,7 @@ async def run_workflows(
             unparsed_verdicts=final["unparsed_verdicts"],
             failed_agent=final["failed_agent"],
             ok=final["failed_agent"] is None,
+            path=tuple(final["path"]),
         )
         results[index] = result
         if on_workflow_done is not None:

@@ -1,6 +1,14 @@
 """KVFlow's PEER workflow as an ordinary LangGraph app (kvscope.workload.driver runs many of them).
 
-Planner -> Executor -> Expresser -> Reviewer -> (Planner | END)
+Planner -> Executor -> Expresser -> Reviewer -> (Planner | END)          loop: fixed | model
+Planner -> Executor -> Expresser -> Reviewer -> (Planner | Executor | END)  loop: dynamic
+
+In dynamic mode (PBKV's setting) the Reviewer's call is the routing decision: the same prompt with
+its last instruction replaced by routing.REVIEWER_ROUTE, and the reply constrained by structured
+output to `planner` (revise the plan), `executor` (redo the work) or `end`
+(kvscope.workload.routing). It stays one call, one row, of the Reviewer. A route whose round
+would take the workflow past `max_steps` calls ends it instead; a reply that names no choice
+(an engine that ignores response_format) is counted in unparsed_verdicts and ends the workflow.
 
 Each node calls the model with the OpenAI SDK's `AsyncOpenAI` it is given (one streamed chat
 completion, temperature 0) and nothing else: no profiler in the nodes. A profiler that intercepts
@@ -18,7 +26,6 @@ routers send the graph to END.
 """
 
 import operator
-from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import openai
@@ -27,7 +34,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from kvscope.config import WorkloadConfig
-from kvscope.workload import prompts, sharing
+from kvscope.workload import prompts, routing, sharing
+from kvscope.workload.chat import Reply, stream_chat
 from kvscope.workload.prompts import PromptInfo
 from kvscope.workload.synthetic import SyntheticPrompts
 from kvscope.workload.taskset import Problem, TaskSet
@@ -50,7 +58,9 @@ class PeerState(TypedDict):
     review: str | None
     cycles: int  # PEER cycles completed (Reviewer replies received)
     calls: int  # LLM calls made, failed ones included
-    unparsed_verdicts: int  # Reviewer replies without VERDICT: DONE|REVISE
+    unparsed_verdicts: int  # Reviewer replies without a verdict / a choice (dynamic)
+    path: Annotated[list[str], operator.add]  # the agents called, in order
+    route: str | None  # dynamic: where the Reviewer sent the workflow (an agent or "end")
     verdict: str | None  # the latest parsed verdict
     done: bool  # the Reviewer's routing decision
     failed_agent: str | None
@@ -59,7 +69,23 @@ class PeerState(TypedDict):
 
 
 def cycle_bound(cfg: WorkloadConfig) -> int:
+    """The most PEER cycles a workflow can run (dynamic: a cycle is at least 3 calls)."""
+    if cfg.loop == "dynamic":
+        return cfg.max_steps // 3
     return cfg.cycles if cfg.loop == "fixed" else cfg.max_cycles
+
+
+# Dynamic mode: the Reviewer's choices, and the calls the round each one starts takes.
+REVIEW_CHOICES = (PLANNER, EXECUTOR, "end")
+ROUND_CALLS = {PLANNER: 4, EXECUTOR: 3}
+
+
+def dynamic_route(choice: str | None, calls: int, max_steps: int) -> str:
+    """Where the Reviewer's choice sends a workflow that has made `calls` calls: the chosen agent,
+    or "end" when it chose end, chose nothing, or the round would pass `max_steps` calls."""
+    if choice in ROUND_CALLS and calls + ROUND_CALLS[choice] <= max_steps:
+        return choice
+    return "end"
 
 
 def loop_done(cfg: WorkloadConfig, cycles: int, verdict: str | None) -> bool:
@@ -71,14 +97,6 @@ def loop_done(cfg: WorkloadConfig, cycles: int, verdict: str | None) -> bool:
     if cfg.loop == "fixed":
         return cycles >= cfg.cycles
     return verdict == "DONE" or cycles >= cfg.max_cycles
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One model call's outcome: its text, or why there is none."""
-
-    content: str | None  # None when the call failed
-    error_type: str | None = None
 
 
 def annotations(info: PromptInfo) -> dict[str, Any]:
@@ -109,7 +127,7 @@ class PeerAgents:
             raise ValueError("PeerAgents needs exactly one of tasks (tasks mode) or synthetic")
         self.client, self.model, self.cfg = client, model, cfg
         self.tasks, self.synthetic = tasks, synthetic
-        self.lookup_tool, self.calculator_tool = _tools(tasks)
+        self.lookup_tool, self.calculator_tool = make_tools(tasks)
 
     @property
     def prompt_info(self) -> PromptInfo:
@@ -125,7 +143,7 @@ class PeerAgents:
         return self._update(PLANNER, cycle, state, reply, "plan", messages)
 
     async def executor(self, state: PeerState) -> dict[str, Any]:
-        cycle = state["cycle"]
+        cycle = state["cycles"] + 1  # after the Planner or, dynamic, straight after the Reviewer
         tools = self._run_tools(state)
         tool_text = f"{tools[0]}\n{tools[1]}" if tools else None
         messages = self._messages(EXECUTOR, state, cycle, tool_text=tool_text)
@@ -145,6 +163,8 @@ class PeerAgents:
     async def reviewer(self, state: PeerState) -> dict[str, Any]:
         cycle = state["cycle"]
         messages = self._messages(REVIEWER, state, cycle)
+        if self.cfg.loop == "dynamic":
+            return await self._route(state, cycle, messages)
         reply = await self.complete(messages)
         update = self._update(REVIEWER, cycle, state, reply, "review", messages)
         if reply.content is None:
@@ -158,35 +178,44 @@ class PeerAgents:
         )
         return update
 
-    async def complete(self, messages: list[dict[str, str]]) -> Reply:
+    async def _route(
+        self, state: PeerState, cycle: int, messages: list[dict[str, str]]
+    ) -> dict[str, Any]:
+        """Dynamic mode's Reviewer: one structured-output call that chooses the next agent."""
+        messages = routing.reinstruct(
+            messages, prompts.instruction(REVIEWER, cycle=cycle), routing.REVIEWER_ROUTE
+        )
+        reply = await self.complete(messages, choices=REVIEW_CHOICES)
+        update = self._update(REVIEWER, cycle, state, reply, "review", messages)
+        if reply.content is None:
+            return update
+        choice = routing.parse_choice(reply.content, REVIEW_CHOICES)
+        route = dynamic_route(choice, update["calls"], self.cfg.max_steps)
+        update.update(
+            review=f"next: {choice}" if choice else reply.content,
+            cycles=cycle,
+            verdict="DONE" if choice == "end" else "REVISE" if choice else None,
+            unparsed_verdicts=state["unparsed_verdicts"] + int(choice is None),
+            route=route,
+            done=route == "end",
+        )
+        return update
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, choices: tuple[str, ...] | None = None
+    ) -> Reply:
         """One streamed chat completion at temperature 0; a failure is a Reply without content.
 
         Synthetic prompts ask for exactly `synthetic.output_tokens` tokens (vLLM's ignore_eos).
+        `choices`: a routing decision, its reply constrained to one of them (routing.py).
         """
         synthetic = self.synthetic is not None
         extra: dict[str, Any] = {"extra_body": {"ignore_eos": True}} if synthetic else {}
         max_tokens = self.cfg.synthetic.output_tokens if synthetic else self.cfg.max_tokens
-        parts: list[str] = []
-        usage = None
-        try:
-            stream = await self.client.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=max_tokens,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-                **extra,
-            )
-            async for chunk in stream:
-                for choice in chunk.choices:
-                    parts.append(choice.delta.content or "")
-                usage = chunk.usage or usage
-        except (openai.APIError, ValueError) as err:  # ValueError: a malformed stream
-            return Reply(None, type(err).__name__)
-        if usage is None:
-            return Reply(None, "incomplete_stream")
-        return Reply("".join(parts))
+        if choices is not None:
+            extra = {"response_format": routing.choice_format(choices)}
+            max_tokens = routing.ROUTE_MAX_TOKENS
+        return await stream_chat(self.client, self.model, messages, max_tokens, extra)
 
     def _messages(
         self, agent: str, state: PeerState, cycle: int, *, tool_text: str | None = None
@@ -240,7 +269,7 @@ class PeerAgents:
         field: str,
         sent: list[dict[str, str]],
     ) -> dict[str, Any]:
-        update: dict[str, Any] = {"cycle": cycle, "calls": state["calls"] + 1}
+        update: dict[str, Any] = {"cycle": cycle, "calls": state["calls"] + 1, "path": [agent]}
         if reply.content is None:
             update.update(failed_agent=agent, failed_cycle=cycle, error_type=reply.error_type)
             return update
@@ -251,7 +280,7 @@ class PeerAgents:
         return update
 
 
-def _tools(tasks: TaskSet | None) -> tuple[BaseTool, BaseTool]:
+def make_tools(tasks: TaskSet | None) -> tuple[BaseTool, BaseTool]:
     """The Executor's LangChain tools: a keyword lookup over the task's documents, a calculator."""
 
     @tool("lookup")
@@ -285,7 +314,9 @@ def route_after_expresser(state: PeerState) -> str:
 
 
 def route_after_reviewer(state: PeerState) -> str:
-    return END if state["failed_agent"] or state["done"] else PLANNER
+    if state["failed_agent"] or state["done"]:
+        return END
+    return state["route"] or PLANNER  # dynamic: the Reviewer's choice; else another cycle
 
 
 def build_graph(agents: PeerAgents) -> CompiledStateGraph:
@@ -300,7 +331,7 @@ def build_graph(agents: PeerAgents) -> CompiledStateGraph:
     graph.add_conditional_edges(PLANNER, route_after_planner, [EXECUTOR, END])
     graph.add_conditional_edges(EXECUTOR, route_after_executor, [EXPRESSER, END])
     graph.add_conditional_edges(EXPRESSER, route_after_expresser, [REVIEWER, END])
-    graph.add_conditional_edges(REVIEWER, route_after_reviewer, [PLANNER, END])
+    graph.add_conditional_edges(REVIEWER, route_after_reviewer, [PLANNER, EXECUTOR, END])
     return graph.compile()
 
 
@@ -318,6 +349,8 @@ def initial_state(workflow_index: int, problem: Problem | None) -> PeerState:
         cycles=0,
         calls=0,
         unparsed_verdicts=0,
+        path=[],
+        route=None,
         verdict=None,
         done=False,
         failed_agent=None,
