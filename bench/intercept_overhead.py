@@ -35,6 +35,7 @@ from kvscope.probe.tokens import ChatTokenizer  # noqa: E402
 from kvscope.probe.wire import CallContext  # noqa: E402
 
 BASE = "http://engine:8000"
+BLOCKS = 10
 MESSAGES = [
     {"role": "system", "content": "You are the planner. " * 40},
     {"role": "user", "content": "What was the 2023 revenue growth? Show the calculation."},
@@ -85,33 +86,24 @@ def main() -> None:
     tok_ctx = CallContext("b", "e", "h", "bench", None, "m", None, rows.append,
                           instrument=PromptInstrument(chat, None))  # fmt: skip
     engine = VllmEngine(EngineConfig())
-    print(f"{n} calls each; microseconds per call (client side; stand-in engine)")
-    print(f"{'case':<58} {'p50':>8} {'p95':>8} {'+p50':>8}")
+    print(f"{n} calls each, in {BLOCKS} interleaved blocks; microseconds per call (client side)")
+    print(f"{'case':<52} {'p50':>7} {'p95':>7} {'plain p50':>10} {'added':>7}")
     for label, call in (("streamed", streamed), ("non-streamed", whole)):
-        graph_plain = timed(in_graph(call), n)
-        cases = [
-            ("plain SDK call", None, call),
-            ("plain, in a LangGraph node", None, in_graph(call)),
-        ]
-        cases += [("intercepted", plain_ctx, call),
-                  ("intercepted, in a LangGraph node", plain_ctx, in_graph(call))]  # fmt: skip
+        node = in_graph(call)
+        cases = [("intercepted", plain_ctx, call, call),
+                 ("intercepted, in a LangGraph node", plain_ctx, node, node)]  # fmt: skip
         if chat is not None:
-            cases.append(("intercepted + prompt token ids, in a node", tok_ctx, in_graph(call)))
-        base = None
-        for name, ctx, fn in cases:
-            if fn is None:
-                samples = graph_plain
-            elif ctx is None:
-                samples = timed(fn, n)
-            else:
+            cases.append(("intercepted + prompt token ids, in a node", tok_ctx, node, node))
+        for name, ctx, plain_fn, fn in cases:
+            plain, profiled = [], []
+            for _ in range(BLOCKS):  # alternate, so that drift hits both alike
+                plain += timed(plain_fn, n // BLOCKS)
                 with Interceptor(engine, BASE, ctx):
-                    samples = timed(fn, n)
-            p50 = statistics.median(samples)
-            p95 = statistics.quantiles(samples, n=20)[18]
-            ref = base if "node" not in name else statistics.median(graph_plain)
-            base = p50 if name == "plain SDK call" else base
-            extra = "" if ctx is None else f"{p50 - (ref or p50):>8.0f}"
-            print(f"{label + ': ' + name:<58} {p50:>8.0f} {p95:>8.0f} {extra}")
+                    profiled += timed(fn, n // BLOCKS)
+            p50, base = statistics.median(profiled), statistics.median(plain)
+            p95 = statistics.quantiles(profiled, n=20)[18]
+            print(f"{label + ': ' + name:<52} {p50:>7.0f} {p95:>7.0f} {base:>10.0f} "
+                  f"{p50 - base:>7.0f}")  # fmt: skip
     if chat is None:
         print(f"(no model at {model_dir}: the prompt-token case was skipped)")
 
