@@ -81,16 +81,9 @@ class Instrument(Protocol):
 
 
 @dataclass(frozen=True)
-class CallContext:
-    """Per-run constants of the rows, and where they go."""
+class CallContext(RunInfo):
+    """Per-run constants of the rows (RunInfo's), and where they go."""
 
-    benchmark_run_id: str
-    experiment_name: str
-    configuration_hash: str
-    workflow_type: str
-    workflow_concurrency: int | None
-    model_name: str  # used when the request names no model
-    chat_template_name: str | None
     sink: Callable[[RequestRecord], None]
     # Phase 7 columns computed from the request body (the model's tokenizer, or the ids the
     # engine returned): instrument(body, request_uuid, hints, final reply chunk or body,
