@@ -20,7 +20,7 @@ from typing import Any
 
 from kvscope.records.blocks import BlockRecord
 from kvscope.records.kv_events import KvBatch, KvEvent
-from kvscope.records.requests import STATUS_OK
+from kvscope.records.requests import STATUS_OK, transition_label
 
 _ROOT = 0
 _MOD = (1 << 61) - 1  # rolling hash modulus (a Mersenne prime)
@@ -293,12 +293,12 @@ def _block_row(b: BlockLife, by_uuid: Mapping[str, Row]) -> Row:
         recomputed_tokens=b.tokens * len(b.needed_by) if harmful else 0,
         needed_by_request_uuid=needer["request_uuid"] if needer else None,
         needed_by_agent_id=needer["agent_id"] if needer else None,
-        needed_by_transition=_transition(needer) if needer else None,
+        needed_by_transition=(
+            transition_label(needer.get("previous_agent_id"), needer["agent_id"])
+            if needer
+            else None
+        ),
     ).to_dict()
-
-
-def _transition(r: Row) -> str:
-    return f"{r.get('previous_agent_id') or 'start'} -> {r['agent_id']}"
 
 
 class _Windows:

@@ -1,0 +1,107 @@
+"""A plain, slow, obviously-faithful replay of vLLM's prefix cache: the oracle for the fast ones.
+
+vLLM v1's block pool (vllm/v1/core/block_pool.py, kv_cache_manager.py), as replayed here:
+- N physical blocks; a block holds one key (a full block of prompt tokens and its prefix) or none.
+- A request looks up its keys in order and stops at the first miss; at most (prompt - 1) tokens
+  may hit (the last prompt token is always computed), so at most (prompt - 1) // block_size.
+- Hit blocks are touched: taken out of the free queue if no running request holds them.
+- The rest of its blocks, ceil((prompt + output - 1) / block_size) in all, are popped from the
+  head of the free queue; a popped block that held a key loses it (the eviction).
+- Its full prompt blocks then hold their keys (a key may be held by two blocks; a lookup takes
+  any). Blocks holding output tokens get no key here (their content is unknown to a trace).
+- When it ends, its blocks are appended to the tail of the free queue in reverse order (its tail
+  is evicted first), each once no running request holds it.
+- Requests start at `start_s` and end at `end_s`; at equal times ends come first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, defaultdict
+
+import numpy as np
+
+from kvscope.replay.result import SimResult
+from kvscope.replay.trace import Trace
+
+
+def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:
+    started = time.perf_counter()
+    n, bs = len(trace), trace.block_size
+    free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(capacity_blocks))
+    key_of: dict[int, int] = {}  # physical block -> key
+    blocks_of_key: dict[int, set[int]] = defaultdict(set)
+    owner_of: dict[int, int] = {}  # physical block -> request that stored its key
+    ref = [0] * capacity_blocks
+    held: dict[int, list[int]] = {}
+    evicted_by: dict[int, tuple[int, int]] = {}  # key -> (evictor, owner), until stored again
+    cached = np.zeros(n, dtype=np.int64)
+    preempted = np.zeros(n, dtype=bool)
+    harm: dict[tuple[int, int, int], int] = defaultdict(int)
+    evictions = 0
+
+    events = sorted(
+        [(float(trace.end_s[i]), 0, i) for i in range(n)]
+        + [(float(trace.start_s[i]), 1, i) for i in range(n)]
+    )
+    for _, kind, i in events:
+        if kind == 0:  # end: release in reverse order
+            for b in reversed(held.pop(i, [])):
+                ref[b] -= 1
+                if ref[b] == 0:
+                    free[b] = None
+            continue
+        keys = [int(k) for k in trace.blocks_of(i)]
+        limit = max(int(trace.prompt_tokens[i]) - 1, 0) // bs
+        mine: list[int] = []
+        for k in keys[:limit]:
+            hit = blocks_of_key.get(k)
+            if not hit:
+                break
+            b = next(iter(hit))
+            if ref[b] == 0:
+                free.pop(b)
+            ref[b] += 1
+            mine.append(b)
+        cached[i] = len(mine)
+        for k in keys[len(mine) :]:
+            if k in evicted_by and k not in blocks_of_key:
+                evictor, owner = evicted_by[k]
+                harm[(i, evictor, owner)] += 1
+        total = -(-(int(trace.prompt_tokens[i]) + int(trace.output_tokens[i]) - 1) // bs)
+        for j in range(len(mine), total):
+            if not free:
+                preempted[i] = True
+                break
+            b, _ = free.popitem(last=False)
+            if b in key_of:  # eviction
+                k = key_of.pop(b)
+                blocks_of_key[k].discard(b)
+                if not blocks_of_key[k]:
+                    del blocks_of_key[k]
+                    evicted_by[k] = (i, owner_of.get(b, -1))
+                evictions += 1
+            ref[b] += 1
+            mine.append(b)
+            if j < len(keys):
+                key_of[b] = keys[j]
+                blocks_of_key[keys[j]].add(b)
+                owner_of[b] = i
+                evicted_by.pop(keys[j], None)
+        held[i] = mine
+
+    rows = sorted(harm.items())
+    return SimResult(
+        policy="lru",
+        capacity_blocks=capacity_blocks,
+        block_size=bs,
+        cached_blocks=cached,
+        host_blocks=np.zeros(n, dtype=np.int64),
+        preempted=preempted,
+        harm_request=np.array([r[0][0] for r in rows], dtype=np.int64),
+        harm_evictor=np.array([r[0][1] for r in rows], dtype=np.int64),
+        harm_owner=np.array([r[0][2] for r in rows], dtype=np.int64),
+        harm_blocks=np.array([r[1] for r in rows], dtype=np.int64),
+        evictions=evictions,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,38 @@
+"""What one simulation returns: per-request hits and the evictions that cost a later request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One policy at one capacity over one trace.
+
+    `cached_blocks[i]`: full prompt blocks request i found on the device (its cached tokens are
+    `cached_blocks[i] * block_size`). `host_blocks[i]`: the blocks after those found in the host
+    tier (zeros without one). Harm rows, one per (needing request, evictor request, owner
+    request): `harm_blocks` blocks of the needing request's prompt that had been cached, were
+    evicted by the evictor's allocation, and had to be recomputed.
+    `preempted[i]`: request i could not get all its blocks (the pool was pinned by running
+    requests; an engine would have preempted).
+    """
+
+    policy: str
+    capacity_blocks: int
+    block_size: int
+    cached_blocks: np.ndarray  # int64, per request
+    host_blocks: np.ndarray  # int64, per request
+    preempted: np.ndarray  # bool, per request
+    harm_request: np.ndarray  # int64 request index that recomputed
+    harm_evictor: np.ndarray  # int64 request index whose allocation evicted (-1: unknown)
+    harm_owner: np.ndarray  # int64 request index that stored the block (-1: unknown)
+    harm_blocks: np.ndarray  # int64
+    evictions: int  # keyed blocks evicted in all
+    seconds: float  # wall time of the simulation
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        return self.cached_blocks * self.block_size
