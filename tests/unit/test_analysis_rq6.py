@@ -83,10 +83,42 @@ def test_workflow_critical_path_adds_up_to_the_wall_time() -> None:
     assert w["call_ms"] == pytest.approx(1000 + 500 + 300)
     assert (w["failed_ms"], w["tool_ms"], w["other_ms"]) == pytest.approx((200, 40, 260))
     assert w["path_ms"] == pytest.approx(2300)
+    assert w["critical_path_ms"] == pytest.approx(2300)  # sequential: every call is on it
     assert w["wall_ms"] == pytest.approx(2300)
     assert w["slowest_agent"] == "planner"
     assert w["queue_ms"] == pytest.approx(10)  # the executor's unknown queue is not a 0 here
     assert w["cache_miss_ms"] is None and w["cache_miss_calls"] == 0
+
+
+def fan_out() -> pa.Table:
+    """A supervisor 0-100 sends three branches (110-400, 110-900, 120-300); a join 950-1000."""
+    spans = {
+        "supervisor": (0, 100),
+        "a": (110, 400),
+        "b": (110, 900),
+        "c": (120, 300),
+        "join": (950, 1000),
+    }
+    return table(
+        *(
+            request(agent_id=a, start_ns=s * MS, end_ns=e * MS, e2e_ms=float(e - s))
+            for a, (s, e) in spans.items()
+        )
+    )
+
+
+def test_the_critical_path_goes_through_the_slowest_branch() -> None:
+    rows = {r["agent_id"]: r["critical"] for r in call_rows(fan_out()).to_pylist()}
+    assert rows == {"supervisor": True, "a": False, "b": True, "c": False, "join": True}
+    (w,) = workflow_breakdown(fan_out()).to_pylist()
+    # calls 100 + 290 + 790 + 180 + 50; gaps: each branch from the supervisor's end (10, 10,
+    # 20), the join from b's end (50)
+    assert w["path_ms"] == pytest.approx(1410 + 90)
+    assert w["critical_path_ms"] == pytest.approx(100 + 10 + 790 + 50 + 50)  # = wall time
+    assert w["wall_ms"] == pytest.approx(1000)
+    agents = {r["agent_id"]: r for r in agent_breakdown(fan_out()).to_pylist()}
+    assert agents["a"]["critical_path_ms"] == 0 and agents["a"]["path_ms"] == pytest.approx(300)
+    assert agents["b"]["critical_path_ms"] == pytest.approx(800)
 
 
 def test_agent_shares_and_flags() -> None:

@@ -74,7 +74,7 @@ def matrix(blocks: pa.Table, order: AgentOrder = ()) -> pa.Table:
 
 
 def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
-    """Harmful evictions by the PEER transition of the request that paid for them."""
+    """Harmful evictions by the transition (previous agent -> agent) of the request that paid."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for b in _evicted(blocks):
         if b["harmful"]:

@@ -1,7 +1,7 @@
 """RQ6: where does workflow completion time go, and what do cache misses cost?
 
-PEER is sequential inside a workflow, so a workflow's critical path is its chain of calls in
-start order. Along it, every millisecond lands in exactly one component:
+A sequential workflow's (PEER's) critical path is its chain of calls in start order. Along it,
+every millisecond lands in exactly one component:
 
 - per call (`call_ms` = end_ns - start_ns of a successful call):
   queue_ms    the engine's queue time (null when the engine does not report it);
@@ -20,7 +20,10 @@ start order. Along it, every millisecond lands in exactly one component:
   (turns.last_end_sql): a parallel branch's gap runs from its dispatcher, not from a sibling.
 
 With parallel branches (a graph's `Send` fan-out), path_ms sums every branch: it is the agents'
-time, larger than wall_ms, not the longest chain through the branches.
+time, larger than wall_ms. The critical path is the chain that ends last: from the workflow's
+last-ending call back through each call's predecessor (the call whose end is the latest before its
+start, as above: a join's predecessor is the slowest branch). `critical` marks its calls;
+critical_path_ms sums their time, and equals path_ms when the workflow is sequential.
 
 Each call's gap, tool and call time belong to that call's agent, so agent times add up to the
 workflow time (`path_ms` = sum of call, tool and other time along the chain; equal to the wall
@@ -135,7 +138,32 @@ def call_rows(requests: pa.Table, fit: PrefillFit | None = None) -> pa.Table:
     rows = query(_ROWS + " ORDER BY workflow_run_id, start_ns", requests=requests)
     b = fit.ms_per_token if fit else None
     miss = [None if b is None or m is None else b * m for m in rows["miss_tokens"].to_pylist()]
-    return rows.append_column("cache_miss_ms", pa.array(miss, pa.float64()))
+    rows = rows.append_column("cache_miss_ms", pa.array(miss, pa.float64()))
+    return rows.append_column("critical", pa.array(critical_calls(rows), pa.bool_()))
+
+
+def critical_calls(rows: pa.Table) -> list[bool]:
+    """Per call row (workflow_run_id, request_uuid, start_ns, end_ns): on its critical path?
+
+    Per workflow (null is one workflow), from the call that ended last (ties: started last)
+    back through predecessors: the call with the latest end at or before this call's start,
+    among calls that started before it (the order of `turns.last_end_sql`).
+    """
+    calls = rows.select(["workflow_run_id", "request_uuid", "start_ns", "end_ns"]).to_pylist()
+    by_workflow: dict[str | None, list[int]] = {}
+    for i, c in enumerate(calls):
+        by_workflow.setdefault(c["workflow_run_id"], []).append(i)
+    on = [False] * len(calls)
+    for members in by_workflow.values():
+        key = {i: (calls[i]["start_ns"], calls[i]["request_uuid"] or "") for i in members}
+        i: int | None = max(members, key=lambda j: (calls[j]["end_ns"], key[j]))
+        while i is not None:
+            on[i] = True
+            before = [
+                j for j in members if key[j] < key[i] and calls[j]["end_ns"] <= calls[i]["start_ns"]
+            ]
+            i = max(before, key=lambda j: (calls[j]["end_ns"], key[j])) if before else None
+    return on
 
 
 def fit_prefill_cost(requests: pa.Table) -> PrefillFit | None:
@@ -159,16 +187,19 @@ def fit_prefill_cost(requests: pa.Table) -> PrefillFit | None:
     return None
 
 
+_OWN = " + ".join(f"coalesce({c}, 0)" for c in COMPONENTS)  # a call's time, all components
+
+
 def _sums(group: str) -> str:
     parts = ",\n".join(f"  sum({c}) AS {c}" for c in (*COMPONENTS, "cache_miss_ms"))
-    path = " + ".join(f"coalesce(sum({c}), 0)" for c in COMPONENTS if c != "call_ms")
     return f"""
   {group}, count(*) AS calls,
   count(*) FILTER (WHERE status <> '{STATUS_OK}') AS failed,
   sum(call_ms) AS call_ms,
 {parts},
   count(cache_miss_ms) AS cache_miss_calls,
-  {path} AS path_ms,
+  sum({_OWN}) AS path_ms,
+  coalesce(sum({_OWN}) FILTER (WHERE critical), 0) AS critical_path_ms,
   {HIT_RATIO} AS weighted_hit_ratio,
   CAST({BURDEN} AS BIGINT) AS recompute_burden
 """
@@ -184,8 +215,9 @@ def agent_breakdown(
 
     Columns: agent_id, calls, failed, call_ms, queue_ms, prefill_ms, ttft_unsplit_ms, decode_ms,
     call_other_ms, failed_ms, tool_ms, other_ms, cache_miss_ms (null unless provenance was
-    measured), cache_miss_calls (calls with a cache_miss_ms), path_ms (the agent's time on the
-    critical paths: the components summed), weighted_hit_ratio, recompute_burden,
+    measured), cache_miss_calls (calls with a cache_miss_ms), path_ms (the agent's time: the
+    components summed over its calls), critical_path_ms (the part of it on the workflows'
+    critical paths; equal for sequential workflows), weighted_hit_ratio, recompute_burden,
     share (path_ms / all agents' path_ms), and flag: "low hit, small share" (hit ratio below
     `low_hit`, share below `small_share`: misses that cost the workflow little),
     "low hit, large share" (misses where they matter), else "".
@@ -213,14 +245,15 @@ def _flag(hit: float | None, share: float | None, low_hit: float, small_share: f
 
 
 def workflow_breakdown(requests: pa.Table, fit: PrefillFit | None = None) -> pa.Table:
-    """RQ6 per workflow: its critical path (chain of calls plus tool and other time).
+    """RQ6 per workflow: its calls plus tool and other time, and its critical path.
 
     Columns: workflow_run_id, calls, failed, call_ms, the COMPONENTS sums, cache_miss_ms,
-    cache_miss_calls, path_ms, weighted_hit_ratio, recompute_burden, wall_ms (last end - first
-    start), slowest_agent (the agent with the most time on this path).
+    cache_miss_calls, path_ms (all its calls' time, parallel branches summed), critical_path_ms
+    (the chain that ended last), weighted_hit_ratio, recompute_burden, wall_ms (last end - first
+    start), slowest_agent (the agent with the most time in this workflow).
     """
     rows = call_rows(requests, fit)
-    per_agent = " + ".join(f"coalesce({c}, 0)" for c in COMPONENTS)
+    per_agent = _OWN
     sql = f"""
     WITH w AS (
       SELECT {_sums("workflow_run_id")},

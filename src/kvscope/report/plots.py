@@ -214,7 +214,7 @@ def transition_heatmap(pairs: pa.Table, order: AgentOrder = ()) -> str | None:
 
 
 def latency_stack(breakdown: pa.Table) -> str | None:
-    """Each agent's time on the workflows' critical paths, by component (agent_breakdown)."""
+    """Each agent's time in the workflows, by component (agent_breakdown; branches summed)."""
     rows = [r for r in _rows(breakdown) if r["path_ms"]]
     if not rows:
         return None
@@ -236,7 +236,7 @@ def latency_stack(breakdown: pa.Table) -> str | None:
     ax.set_xlim(0, max(left) * 1.45)
     ax.set_xlabel("seconds, summed over all workflows")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=4, frameon=False)
-    ax.set_title("critical-path time per agent", fontsize=10)
+    ax.set_title("workflow time per agent", fontsize=10)
     fig.tight_layout()
     return data_uri(fig)
 

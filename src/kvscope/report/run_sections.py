@@ -146,7 +146,7 @@ def latency(run: RunAnalysis) -> Section:
             table(
                 short,
                 COLUMNS["workflow"],
-                "per workflow, along its critical path (ms)",
+                "per workflow: all calls and its critical path (ms)",
                 drop_null=True,
             ),
         ],
