@@ -19,6 +19,7 @@ sglang_pin=sglang==0.5.23
 full_deps=(
     numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm
     ipython aiohttp dill gguf sentencepiece==0.2.1 partial-json-parser prometheus-client msgpack
+    xgrammar==0.2.7 # SGLang's default grammar backend: the routing test compiles its schemas
     openai==2.8.0 transformers==5.19.0 tokenizers==0.23.2 compressed-tensors==0.18.0
     apache-tvm-ffi==0.1.11 triton==3.7.1
     fastapi==0.165.0 # OpenAIServingBase (the x-custom-labels parser) imports it; pure Python
