@@ -418,3 +418,33 @@ def test_a_bad_sweep_is_one_error_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "concurrency=0" in lines[0]
+
+
+def test_the_summary_table_tells_the_points_apart_at_a_narrow_width() -> None:
+    from rich.console import Console
+
+    from kvscope.cli import sweep as cli_sweep
+    from kvscope.sweep.runner import PointResult, SweepRecord
+
+    points = [
+        PointResult(i, f"s-kv_capacity_tokens={c}-concurrency={n}", overrides, 0, status, **more)
+        for i, (c, n, status, more) in enumerate(
+            [
+                (None, 1, "ok", {"hit_ratio": 0.5, "agent_hit_ratio": {"planner": 0.0}}),
+                (2048, 2, "failed", {"error": "engine died"}),
+            ]
+        )
+        for overrides in [{"engine.kv_capacity_tokens": c, "workload.concurrency": n}]
+    ]
+    record = SweepRecord(Path("sweep.json"), "s", "s.yaml", "done", "now", [], points)
+    narrow = Console(width=80, record=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli_sweep, "console", narrow)
+        cli_sweep._show(record)
+    rows = [line for line in narrow.export_text().splitlines() if line.startswith("│")]
+    cells = [[c.strip() for c in r.split("│")[1:-1]] for r in rows]
+    assert [c[:5] for c in cells[:2]] == [
+        ["default", "1", "ok", "50.0%", "0.0%"],
+        ["2048", "2", "failed", "null", "null"],  # not measured: null, not 0
+    ]
+    assert "engine" in cells[1][-1] and "died" in " ".join(c[-1] for c in cells[1:])

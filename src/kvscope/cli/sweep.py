@@ -87,27 +87,38 @@ def _show_plan(plan: Sweep) -> None:
 
 
 def _show(record: SweepRecord) -> None:
-    """One row per point: weighted hit ratio overall and per agent, time, run or error."""
+    """One row per point: its axis values, weighted hit ratio overall and per agent, time, error.
+
+    Each axis is its own column (its key's last part), so the points differ on screen at any
+    width; the run directories are listed by the sweep record, errors get a column when any.
+    """
     table = Table(title=f"sweep {record.sweep}: weighted hit ratio", title_justify="left")
+    axes = list(dict.fromkeys(k for p in record.points for k in p.overrides))
     agents = list(dict.fromkeys(a for p in record.points for a in p.agent_hit_ratio))  # as ran
-    heads = ("point", "status", "all", *map(str, agents), "s", "run directory / error")
-    for head in heads:
-        table.add_column(
-            head, justify="left" if head in (heads[0], heads[1], heads[-1]) else "right"
-        )
+    failed = any(p.status != OK for p in record.points)
+    for axis in axes:
+        table.add_column(axis.rsplit(".", 1)[-1], no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for head in ("all", *map(str, agents), "s"):
+        table.add_column(head, justify="right")
+    if failed:
+        table.add_column("error")
     for p in record.points:
-        where = Path(p.run_dir).name if p.run_dir else ""
         table.add_row(
-            p.label.removeprefix(f"{record.sweep}-"),
+            *(_value(p.overrides.get(axis, "")) for axis in axes),
             _status(p),
             _ratio(p.hit_ratio),
             *(_ratio(p.agent_hit_ratio.get(a)) for a in agents),
             "" if p.seconds is None else f"{p.seconds:.0f}",
-            where if p.status == OK else (p.error or where),
+            *([p.error or ""] if failed else []),
         )
     console.print(table)
     counts = ", ".join(f"{n} {status}" for status, n in record.counts().items())
     console.print(f"{counts}; sweep record: {record.path}")
+
+
+def _value(value: object) -> str:
+    return "default" if value is None else str(value)
 
 
 def _status(p: PointResult) -> str:
