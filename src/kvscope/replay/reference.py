@@ -9,9 +9,10 @@ vLLM v1's block pool (vllm/v1/core/block_pool.py, kv_cache_manager.py), as repla
   token is never fed back, so it takes no KV slot), are popped from the head of the free queue;
   a popped block that held a hash loses it (the eviction; vLLM emits BlockRemoved).
 - Its full prompt blocks then hold their keys (a key may be held by two blocks; a lookup takes
-  the first stored). Blocks filled up with output tokens, (prompt + output - 1) // block_size in
-  all counting the prompt's, are hashed too (vLLM hashes every full block it computed) but with
-  content unknown to a trace: an opaque hash no lookup matches. The last, partial block has none.
+  the first stored, as vLLM's `get_cached_block`). Blocks filled up with output tokens
+  ((prompt + output - 1) // block_size full blocks in all) are hashed too, as vLLM hashes every
+  full block it computed, but their content is unknown to a trace: an opaque hash that no lookup
+  matches. The last, partial block has no hash.
 - When it ends, each block no running request holds any more goes back to the free queue, in
   reverse order (its tail first): a hashed block is appended to the tail, a block without a hash
   is PREPENDED to the head (it is reused before any cached block is evicted). This split is
@@ -46,7 +47,7 @@ def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:
     n, bs = len(trace), trace.block_size
     free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(capacity_blocks))
     key_of: dict[int, int | None] = {}  # hashed physical block -> key (None: opaque output hash)
-    blocks_of_key: dict[int, set[int]] = defaultdict(set)
+    blocks_of_key: dict[int, dict[int, None]] = defaultdict(dict)  # in the order stored
     owner_of: dict[int, int] = {}  # physical block -> request that stored its key
     ref = [0] * capacity_blocks
     held: dict[int, list[int]] = {}
@@ -101,7 +102,7 @@ def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:
             if b in key_of:  # eviction
                 k = key_of.pop(b)
                 if k is not None:
-                    blocks_of_key[k].discard(b)
+                    blocks_of_key[k].pop(b, None)
                     if not blocks_of_key[k]:
                         del blocks_of_key[k]
                         evicted_by[k] = (i, owner_of.get(b, -1))
@@ -110,7 +111,7 @@ def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:
             mine.append(b)
             if j < len(keys):
                 key_of[b] = keys[j]
-                blocks_of_key[keys[j]].add(b)
+                blocks_of_key[keys[j]][b] = None
                 owner_of[b] = i
                 evicted_by.pop(keys[j], None)
             elif j < full:
