@@ -6,11 +6,13 @@ chooses among them. The engine calls, per request i, in this order:
 
 - `start(i)` when i is scheduled (before its lookup);
 - `touched(i, blocks)` with the blocks its lookup hit; those in the set leave it;
-- `stored(i, blocks)` with the blocks it filled with a key (they are held: not in the set);
+- `stored(i, blocks, j0)` with the blocks it took new, `blocks[k]` holding its block j0 + k
+  (held, not in the set; some may stay blank: partial or unused);
 - `released(i, blocks)` when i ends, with the blocks no running request holds any more, first
   to be evicted first (vLLM frees a request's blocks tail first);
 - `pop()` whenever the engine needs a block and has no blank one: removes and returns the
-  victim (the engine drops its key). `len(order)` is the number of evictable blocks.
+  victim (the engine drops its key). `len(order)` is the number of evictable blocks;
+- `finished(i)` when i ends, after `released` (if any of its blocks were freed).
 
 Blocks are ints in [0, capacity). Hooks that a policy does not need are no-ops here.
 """
@@ -39,11 +41,14 @@ class EvictionOrder:
     def touched(self, i: int, blocks: list[int]) -> None:
         raise NotImplementedError
 
-    def stored(self, i: int, blocks: list[int]) -> None:
-        """Request i filled `blocks` (held, not evictable) with keys."""
+    def stored(self, i: int, blocks: list[int], j0: int) -> None:
+        """Request i took `blocks` new; `blocks[k]` holds its block j0 + k (held)."""
 
     def released(self, i: int, blocks: list[int]) -> None:
         raise NotImplementedError
+
+    def finished(self, i: int) -> None:
+        """Request i ended."""
 
     def pop(self) -> int:
         raise NotImplementedError

@@ -85,6 +85,7 @@ def simulate_pool(
         if kind == 0:  # end
             mine = held.pop(i, None)
             if not mine:
+                order.finished(i)
                 continue
             arr = np.array(mine[::-1], dtype=np.int64)
             ref[arr] -= 1
@@ -94,6 +95,7 @@ def simulate_pool(
                 blank.extend(b for b in freed if key_of[b] == NO_HASH)
             if hashed:
                 order.released(i, hashed)
+            order.finished(i)
             continue
 
         order.start(i)
@@ -162,7 +164,7 @@ def simulate_pool(
             else:
                 break
         if new and caching:
-            order.stored(i, new)
+            order.stored(i, new, h)
         held[i] = mine + new
 
     return SimResult(

@@ -1,27 +1,70 @@
 """The one entry point every caller uses: `simulate(trace, policy, capacity_blocks)`.
 
 Policies are named here (POLICIES); each returns a `SimResult`. Engine semantics: "vllm" (the
-block pool: free queue, any free block evictable) or "sglang" (the radix cache: leaves only).
+block pool: free queue, any free block evictable; pool.py) or "sglang" (the radix cache: only
+leaves evictable; radix.py). Policies, with the module that defines each:
+
+- lru (order.py): vLLM's free queue; on "sglang", least recently used leaf first.
+- fifo, lfu, slru, priority (policies.py): by when stored, by uses, two LRU segments, by
+  request priority (`priorities`, higher kept longer; default all equal = LRU).
+- belady (belady.py): the offline optimum heuristic, farthest next use first: an upper bound.
+- steps (workflow.py): KVFlow's steps-to-execution over the agent step graph.
+- predicted (workflow.py): PBKV-style predicted next agent, learned online; LRU otherwise.
+- none: no prefix cache, the counterfactual (nothing is ever hit).
 """
 
 from __future__ import annotations
 
-from kvscope.replay.reference import simulate_lru
+from collections.abc import Callable, Sequence
+
+from kvscope.replay.belady import BeladyOrder
+from kvscope.replay.order import EvictionOrder, LRUOrder
+from kvscope.replay.policies import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
+from kvscope.replay.pool import simulate_pool
 from kvscope.replay.result import SimResult
 from kvscope.replay.trace import Trace
+from kvscope.replay.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
 
-POLICIES = ("lru",)
+ORDERS: dict[str, Callable[[], EvictionOrder]] = {
+    "lru": LRUOrder,
+    "fifo": FIFOOrder,
+    "lfu": LFUOrder,
+    "slru": SLRUOrder,
+    "priority": PriorityOrder,
+    "belady": BeladyOrder,
+    "steps": StepsToExecutionOrder,
+    "predicted": PredictedNextAgentOrder,
+}
+POLICIES = (*ORDERS, "none")
 ENGINES = ("vllm",)
 
 
+def make_order(policy: str, priorities: Sequence[float] | None = None) -> EvictionOrder:
+    """The eviction order named `policy` (not "none")."""
+    if policy == "priority":
+        return PriorityOrder(priorities)
+    return ORDERS[policy]()
+
+
 def simulate(
-    trace: Trace, policy: str, capacity_blocks: int, *, engine: str = "vllm", host_blocks: int = 0
+    trace: Trace,
+    policy: str,
+    capacity_blocks: int,
+    *,
+    engine: str = "vllm",
+    host_blocks: int = 0,
+    priorities: Sequence[float] | None = None,
 ) -> SimResult:
-    """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`."""
+    """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
+
+    `priorities[i]`: request i's priority, used by "priority" only.
+    """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine semantics {engine!r}; known: {', '.join(ENGINES)}")
     if host_blocks:
         raise ValueError("a host tier is not simulated yet")
-    return simulate_lru(trace, capacity_blocks)
+    if policy == "none":
+        return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
+    return simulate_pool(trace, capacity_blocks, make_order(policy, priorities))
