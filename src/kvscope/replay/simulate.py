@@ -5,6 +5,7 @@ block pool: free queue, any free block evictable; pool.py) or "sglang" (the radi
 leaves evictable; radix.py). Policies, with the module that defines each:
 
 - lru (order.py): vLLM's free queue; on "sglang", least recently used leaf first.
+  "sglang" runs lru, fifo, lfu, priority and none (radix.py's RADIX_POLICIES).
 - fifo, lfu, slru, priority (policies.py): by when stored, by uses, two LRU segments, by
   request priority (`priorities`, higher kept longer; default all equal = LRU).
 - belady (belady.py): the offline optimum heuristic, farthest next use first: an upper bound.
@@ -21,6 +22,7 @@ from kvscope.replay.belady import BeladyOrder
 from kvscope.replay.order import EvictionOrder, LRUOrder
 from kvscope.replay.policies import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
 from kvscope.replay.pool import simulate_pool
+from kvscope.replay.radix import RADIX_POLICIES, simulate_radix
 from kvscope.replay.result import SimResult
 from kvscope.replay.trace import Trace
 from kvscope.replay.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
@@ -36,7 +38,7 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "predicted": PredictedNextAgentOrder,
 }
 POLICIES = (*ORDERS, "none")
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sglang")
 
 
 def make_order(policy: str, priorities: Sequence[float] | None = None) -> EvictionOrder:
@@ -67,4 +69,8 @@ def simulate(
         raise ValueError("a host tier is not simulated yet")
     if policy == "none":
         return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
+    if engine == "sglang":
+        if policy not in RADIX_POLICIES:
+            raise ValueError(f"{policy!r} is not simulated on sglang; known: {RADIX_POLICIES}")
+        return simulate_radix(trace, policy, capacity_blocks, priorities)
     return simulate_pool(trace, capacity_blocks, make_order(policy, priorities))
