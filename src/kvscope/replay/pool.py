@@ -25,13 +25,15 @@ OPAQUE = -2  # hashed output block: its content is unknown, no lookup matches it
 
 
 def event_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(request, is_start) per event, in replay order: by time, ends before starts, then index."""
+    """(request, is_start) per event, in replay order: by time, ends before starts, then index;
+    a request without duration (end = start) ends right after its own start."""
     n = len(trace)
+    start, end = np.asarray(trace.start_s, float), np.asarray(trace.end_s, float)
     idx = np.concatenate([np.arange(n), np.arange(n)])
-    kind = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)])
-    t = np.concatenate([np.asarray(trace.end_s, float), np.asarray(trace.start_s, float)])
-    perm = np.lexsort((idx, kind, t))
-    return idx[perm], kind[perm]
+    is_start = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)])
+    tier = np.concatenate([(end <= start).astype(np.int8), np.ones(n, dtype=np.int8)])
+    perm = np.lexsort((1 - is_start, idx, tier, np.concatenate([end, start])))
+    return idx[perm], is_start[perm]
 
 
 def start_rank(trace: Trace) -> np.ndarray:

@@ -18,7 +18,8 @@ vLLM v1's block pool (vllm/v1/core/block_pool.py, kv_cache_manager.py), as repla
   is PREPENDED to the head (it is reused before any cached block is evicted). This split is
   vLLM >= 0.24's `BlockPool.free_blocks` (prepend_n of the blocks without hash, append_n of the
   rest); before 0.24 everything was appended.
-- Requests start at `start_s` and end at `end_s`; at equal times ends come first.
+- Requests start at `start_s` and end at `end_s`; at equal times ends come first, except that a
+  request with no duration (end = start) ends right after its own start.
 - The null block (block 0, taken at start-up) is not counted: `capacity_blocks` is the usable
   number, i.e. `--num-gpu-blocks-override` minus 1.
 
@@ -58,10 +59,14 @@ def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:
     evictions = 0
 
     events = sorted(
-        [(float(trace.end_s[i]), 0, i) for i in range(n)]
-        + [(float(trace.start_s[i]), 1, i) for i in range(n)]
+        [(float(trace.start_s[i]), 1, i, 0) for i in range(n)]
+        + [
+            (float(trace.end_s[i]), 0 if trace.end_s[i] > trace.start_s[i] else 1, i, 1)
+            for i in range(n)
+        ]
     )
-    for _, kind, i in events:
+    for _, _, i, is_end in events:
+        kind = 0 if is_end else 1
         if kind == 0:  # end: release in reverse order
             unhashed: list[int] = []
             for b in reversed(held.pop(i, [])):
