@@ -53,6 +53,10 @@ class EvictionOrder:
     def pop(self) -> int:
         raise NotImplementedError
 
+    def pop_many(self, m: int) -> list[int]:
+        """`m` victims in eviction order (m <= len(self))."""
+        return [self.pop() for _ in range(m)]
+
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -78,6 +82,10 @@ class LRUOrder(EvictionOrder):
 
     def pop(self) -> int:
         return self._q.popitem(last=False)[0]
+
+    def pop_many(self, m: int) -> list[int]:
+        pop = self._q.popitem
+        return [pop(False)[0] for _ in range(m)]
 
     def __len__(self) -> int:
         return len(self._q)

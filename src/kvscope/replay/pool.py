@@ -13,6 +13,8 @@ in numpy, the order's bulk hooks) plus a Python loop over its *missed* blocks on
 from __future__ import annotations
 
 import time
+from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -20,8 +22,8 @@ from kvscope.replay.order import EvictionOrder
 from kvscope.replay.result import SimResult
 from kvscope.replay.trace import Trace
 
-NO_HASH = -1  # a blank block
-OPAQUE = -2  # hashed output block: its content is unknown, no lookup matches it
+BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
+# (OPAQUE: its content is unknown to a trace, no lookup matches it)
 
 
 def event_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -65,13 +67,14 @@ def simulate_pool(
     n, bs = len(trace), trace.block_size
     order.bind(trace, capacity_blocks, start_rank(trace))
     ref = np.zeros(capacity_blocks, dtype=np.int64)
-    key_of = [NO_HASH] * capacity_blocks
-    owner_of = [-1] * capacity_blocks
+    state = np.zeros(capacity_blocks, dtype=np.int8)  # BLANK, KEYED or OPAQUE
+    key_of = np.zeros(capacity_blocks, dtype=np.uint64)  # when KEYED
+    owner_of = np.full(capacity_blocks, -1, dtype=np.int64)  # request that stored the key
     blank = list(range(capacity_blocks - 1, -1, -1))  # free blocks without a hash (a stack)
     index: dict[int, int] = {}  # key -> first block that stored it
     dups: dict[int, list[int]] = {}  # key -> later blocks holding it, in the order stored
     evicted_by: dict[int, int] = {}  # key -> evictor << 32 | (owner + 1), until stored again
-    held: dict[int, list[int]] = {}
+    held: dict[int, np.ndarray] = {}  # running request -> its blocks, tail first
     cached = np.zeros(n, dtype=np.int64)
     preempted = np.zeros(n, dtype=bool)
     harm: dict[tuple[int, int, int], int] = {}
@@ -84,24 +87,23 @@ def simulate_pool(
 
     reqs, kinds = event_order(trace)
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
-        if kind == 0:  # end
-            mine = held.pop(i, None)
-            if not mine:
-                order.finished(i)
-                continue
-            arr = np.array(mine[::-1], dtype=np.int64)
-            ref[arr] -= 1
-            freed = arr[ref[arr] == 0].tolist()
-            hashed = [b for b in freed if key_of[b] != NO_HASH]
-            if len(hashed) != len(freed):
-                blank.extend(b for b in freed if key_of[b] == NO_HASH)
-            if hashed:
-                order.released(i, hashed)
+        if kind == 0:  # end: blocks back to the free queue, tail first
+            arr = held.pop(i, None)
+            if arr is not None and len(arr):
+                ref[arr] -= 1
+                freed = arr[ref[arr] == 0]
+                hashed_mask = state[freed] != BLANK
+                hashed = freed[hashed_mask].tolist()
+                if len(hashed) != len(freed):
+                    blank.extend(freed[~hashed_mask].tolist())
+                if hashed:
+                    order.released(i, hashed)
             order.finished(i)
             continue
 
         order.start(i)
-        keys = keys_all[offsets[i] : offsets[i + 1]].tolist()
+        kslice = keys_all[offsets[i] : offsets[i + 1]]
+        keys = kslice.tolist()
         p = prompt[i]
         limit = max(p - 1, 0) // bs if caching else 0
         hits = list(map(index_get, keys[:limit]))
@@ -109,10 +111,10 @@ def simulate_pool(
         mine = hits[:h]
         if h:
             order.touched(i, mine)
-            ref[mine] += 1
         cached[i] = h
-        if evicted_by:
-            for k in keys[h:]:
+        missed = keys[h:]
+        if evicted_by and not evicted_by.keys().isdisjoint(missed):
+            for k in missed:
                 e = evicted_get(k)
                 if e is not None and k not in index:
                     row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
@@ -123,51 +125,39 @@ def simulate_pool(
         take = min(need, len(blank))
         new = blank[len(blank) - take :][::-1] if take else []
         del blank[len(blank) - take :]
-        while len(new) < need:
-            if not len(order):
+        rest = need - take
+        if rest:
+            if rest > len(order):
                 preempted[i] = True
-                break
-            b = order.pop()
-            k = key_of[b]
-            if k >= 0:
-                if index[k] == b:
-                    d = dups.get(k)
-                    if d:
-                        index[k] = d.pop(0)
-                        if not d:
-                            del dups[k]
-                    else:
-                        del index[k]
-                        evicted_by[k] = (i << 32) | (owner_of[b] + 1)
-                else:
-                    d = dups[k]
-                    d.remove(b)
-                    if not d:
-                        del dups[k]
-            key_of[b] = NO_HASH
-            evictions += 1
-            new.append(b)
-        if new:
-            ref[new] += 1
-        nk = len(keys) if caching else 0
-        for j, b in enumerate(new, h):
-            if j < nk:
-                k = keys[j]
-                if k in index:
-                    dups.setdefault(k, []).append(b)
-                else:
-                    index[k] = b
-                    if evicted_by:
-                        evicted_by.pop(k, None)
-                key_of[b] = k
-                owner_of[b] = i
-            elif j < full and caching:
-                key_of[b] = OPAQUE
+                rest = len(order)
+            if rest:
+                victims = order.pop_many(rest)
+                evictions += rest
+                _evict(i, victims, state, key_of, owner_of, index, dups, evicted_by)
+                new += victims
+        both = np.array((mine + new)[::-1], dtype=np.int64)
+        ref[both] += 1
+        held[i] = both
+        if not new:
+            continue
+        narr = both[len(new) - 1 :: -1]
+        if caching:
+            nk = min(len(keys), h + len(new)) - h  # new blocks that get a prompt key
+            ks = keys[h : h + nk]
+            if not dups and index.keys().isdisjoint(ks) and len(set(ks)) == nk:
+                index.update(zip(ks, new, strict=False))
+                if evicted_by:
+                    deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
             else:
-                break
-        if new and caching:
+                _store_slow(ks, new, index, dups, evicted_by)
+            kb = narr[:nk]
+            key_of[kb] = kslice[h : h + nk]
+            state[kb] = KEYED
+            owner_of[kb] = i
+            nop = max(0, min(full, h + len(new)) - h - nk)
+            state[narr[nk : nk + nop]] = OPAQUE
+            state[narr[nk + nop :]] = BLANK
             order.stored(i, new, h)
-        held[i] = mine + new
 
     return SimResult(
         policy=order.name if caching else "none",
@@ -180,3 +170,57 @@ def simulate_pool(
         seconds=time.perf_counter() - started,
         **harm_arrays(harm),
     )
+
+
+def _evict(
+    i: int,
+    victims: list[int],
+    state: np.ndarray,
+    key_of: np.ndarray,
+    owner_of: np.ndarray,
+    index: dict[int, int],
+    dups: dict[int, list[int]],
+    evicted_by: dict[int, int],
+) -> None:
+    """Drop the keys of the `victims` request i took; record who evicted a key's last copy."""
+    varr = np.array(victims, dtype=np.int64)
+    kv = varr[state[varr] == KEYED]
+    if not len(kv):
+        return
+    vkeys = key_of[kv].tolist()
+    packed = ((i << 32) + owner_of[kv] + 1).tolist()
+    if not dups:  # each key is held by this one block: C-level bulk updates
+        deque(map(index.pop, vkeys), maxlen=0)
+        evicted_by.update(zip(vkeys, packed, strict=True))
+        return
+    for k, b, e in zip(vkeys, kv.tolist(), packed, strict=True):
+        d = dups.get(k)
+        if index[k] == b:
+            if d:
+                index[k] = d.pop(0)
+                if not d:
+                    del dups[k]
+            else:
+                del index[k]
+                evicted_by[k] = e
+        else:
+            assert d is not None
+            d.remove(b)
+            if not d:
+                del dups[k]
+
+
+def _store_slow(
+    ks: list[int],
+    blocks: list[int],
+    index: dict[int, int],
+    dups: dict[int, list[int]],
+    evicted_by: dict[int, int],
+) -> None:
+    """Index `ks[j]` in `blocks[j]`; a key already held elsewhere becomes a duplicate."""
+    for k, b in zip(ks, blocks, strict=False):
+        if k in index:
+            dups.setdefault(k, []).append(b)
+        else:
+            index[k] = b
+            evicted_by.pop(k, None)
