@@ -138,3 +138,15 @@ def test_every_policy_runs_and_no_cache_never_hits() -> None:
         simulate(tr, "belady", 20, engine="sglang")
     with pytest.raises(ValueError):
         simulate(tr, "lru", 20, engine="trt")
+
+
+def test_belady_without_int64_packing_gives_the_same_answers() -> None:
+    from kvscope.replay.belady import BeladyOrder
+    from kvscope.replay.pool import simulate_pool
+
+    class Wide(BeladyOrder):
+        int_bits = 0
+
+    for seed in range(3):
+        tr = random_trace(seed, n=150)
+        _same(simulate_pool(tr, 20, BeladyOrder()), simulate_pool(tr, 20, Wide()))

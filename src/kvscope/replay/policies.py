@@ -11,8 +11,9 @@ the heap is compacted when stale entries outnumber live ones.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -22,43 +23,44 @@ from kvscope.replay.trace import Trace
 
 
 class ScoreOrder(EvictionOrder):
-    """Evict the evictable block with the smallest `score(b)`; ties: least recently released."""
+    """Evict the evictable block with the smallest score; ties: least recently released.
+
+    Subclasses define `scores(blocks)` (one per block, comparable), vectorised where they can.
+    """
 
     name = "score"
 
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
         self._heap: list[tuple[Any, int, int]] = []
-        self._stamp = [0] * capacity  # tick of the block's live entry; 0: not evictable
+        self._stamp = np.zeros(capacity, dtype=np.int64)  # tick of the live entry; 0: none
         self._live = 0
         self._tick = 0
 
-    def score(self, b: int) -> Any:
+    def scores(self, blocks: list[int]) -> list[Any]:
         raise NotImplementedError
 
     def touched(self, i: int, blocks: list[int]) -> None:
-        stamp = self._stamp
-        for b in blocks:
-            if stamp[b]:
-                stamp[b] = 0
-                self._live -= 1
+        self._live -= int(np.count_nonzero(self._stamp[blocks]))
+        self._stamp[blocks] = 0
 
     def released(self, i: int, blocks: list[int]) -> None:
-        stamp, heap, score, t = self._stamp, self._heap, self.score, self._tick
-        for b in blocks:
-            t += 1
-            stamp[b] = t
-            heapq.heappush(heap, (score(b), t, b))
-        self._tick = t
-        self._live += len(blocks)
-        if len(heap) > 2 * self._live + 1024:
-            self._heap = [e for e in heap if stamp[e[2]] == e[1]]
+        t, n, heap = self._tick, len(blocks), self._heap
+        self._stamp[blocks] = np.arange(t + 1, t + n + 1)
+        entries = zip(self.scores(blocks), range(t + 1, t + n + 1), blocks, strict=True)
+        deque(map(heapq.heappush, repeat(heap), entries), maxlen=0)
+        self._tick = t + n
+        self._live += n
+        if len(heap) > 2 * self._live + 1024:  # drop stale entries
+            tb = np.array([(e[1], e[2]) for e in heap], dtype=np.int64)
+            keep = (self._stamp[tb[:, 1]] == tb[:, 0]).tolist()
+            self._heap = [e for e, k in zip(heap, keep, strict=True) if k]
             heapq.heapify(self._heap)
 
     def pop(self) -> int:
         heap, stamp = self._heap, self._stamp
         while True:
             _, t, b = heapq.heappop(heap)
-            if stamp[b] == t:
+            if stamp.item(b) == t:
                 stamp[b] = 0
                 self._live -= 1
                 return b
@@ -74,17 +76,16 @@ class FIFOOrder(ScoreOrder):
 
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
         super().bind(trace, capacity, rank)
-        self._born = [0] * capacity
+        self._born = np.zeros(capacity, dtype=np.int64)
         self._clock = 0
 
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
-        born = self._born
-        for b in blocks:
-            self._clock += 1
-            born[b] = self._clock
+        n = len(blocks)
+        self._born[blocks] = np.arange(self._clock, self._clock + n)
+        self._clock += n
 
-    def score(self, b: int) -> int:
-        return self._born[b]
+    def scores(self, blocks: list[int]) -> list[Any]:
+        return self._born[blocks].tolist()
 
 
 class LFUOrder(ScoreOrder):
@@ -95,21 +96,17 @@ class LFUOrder(ScoreOrder):
 
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
         super().bind(trace, capacity, rank)
-        self._uses = [0] * capacity
+        self._uses = np.zeros(capacity, dtype=np.int64)
 
     def touched(self, i: int, blocks: list[int]) -> None:
-        uses = self._uses
-        for b in blocks:
-            uses[b] += 1
+        self._uses[blocks] += 1  # a request's blocks are distinct
         super().touched(i, blocks)
 
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
-        uses = self._uses
-        for b in blocks:
-            uses[b] = 1
+        self._uses[blocks] = 1
 
-    def score(self, b: int) -> int:
-        return self._uses[b]
+    def scores(self, blocks: list[int]) -> list[Any]:
+        return self._uses[blocks].tolist()
 
 
 class PriorityOrder(ScoreOrder):
@@ -132,22 +129,17 @@ class PriorityOrder(ScoreOrder):
         if len(given) != len(trace):
             raise ValueError(f"{len(given)} priorities for {len(trace)} requests")
         self._req = [float(p) for p in given]
-        self._prio = [0.0] * capacity
+        self._prio = np.zeros(capacity, dtype=np.float64)
 
     def touched(self, i: int, blocks: list[int]) -> None:
-        prio, p = self._prio, self._req[i]
-        for b in blocks:
-            if prio[b] < p:
-                prio[b] = p
+        self._prio[blocks] = np.maximum(self._prio[blocks], self._req[i])
         super().touched(i, blocks)
 
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
-        prio, p = self._prio, self._req[i]
-        for b in blocks:
-            prio[b] = p
+        self._prio[blocks] = self._req[i]
 
-    def score(self, b: int) -> float:
-        return self._prio[b]
+    def scores(self, blocks: list[int]) -> list[Any]:
+        return self._prio[blocks].tolist()
 
 
 class SLRUOrder(EvictionOrder):
