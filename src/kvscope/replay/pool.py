@@ -20,6 +20,7 @@ import numpy as np
 
 from kvscope.replay.order import EvictionOrder
 from kvscope.replay.result import SimResult
+from kvscope.replay.tiers import HostTier
 from kvscope.replay.trace import Trace
 
 BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
@@ -57,15 +58,23 @@ def harm_arrays(harm: dict[tuple[int, int, int], int]) -> dict[str, np.ndarray]:
 
 
 def simulate_pool(
-    trace: Trace, capacity_blocks: int, order: EvictionOrder, *, caching: bool = True
+    trace: Trace,
+    capacity_blocks: int,
+    order: EvictionOrder,
+    *,
+    caching: bool = True,
+    host: HostTier | None = None,
 ) -> SimResult:
     """Replay `trace` through a vLLM block pool of `capacity_blocks` usable blocks.
 
-    `caching=False` is the no-cache counterfactual: nothing is looked up or kept.
+    `caching=False` is the no-cache counterfactual: nothing is looked up or kept. `host`: a host
+    tier below the device (tiers.py), None for none.
     """
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
     order.bind(trace, capacity_blocks, start_rank(trace))
+    if host is not None:
+        host.bind(trace)
     ref = np.zeros(capacity_blocks, dtype=np.int64)
     state = np.zeros(capacity_blocks, dtype=np.int8)  # BLANK, KEYED or OPAQUE
     key_of = np.zeros(capacity_blocks, dtype=np.uint64)  # when KEYED
@@ -112,7 +121,8 @@ def simulate_pool(
         if h:
             order.touched(i, mine)
         cached[i] = h
-        missed = keys[h:]
+        loaded = host.match(i, keys, h, limit) if host is not None else 0
+        missed = keys[h + loaded :]
         if evicted_by and not evicted_by.keys().isdisjoint(missed):
             for k in missed:
                 e = evicted_get(k)
@@ -133,7 +143,9 @@ def simulate_pool(
             if rest:
                 victims = order.pop_many(rest)
                 evictions += rest
-                _evict(i, victims, state, key_of, owner_of, index, dups, evicted_by)
+                dropped = _evict(i, victims, state, key_of, owner_of, index, dups, evicted_by)
+                if host is not None and dropped:
+                    host.offload(dropped)
                 new += victims
         both = np.array((mine + new)[::-1], dtype=np.int64)
         ref[both] += 1
@@ -164,7 +176,8 @@ def simulate_pool(
         capacity_blocks=capacity_blocks,
         block_size=bs,
         cached_blocks=cached,
-        host_blocks=np.zeros(n, dtype=np.int64),
+        host_blocks=np.zeros(n, dtype=np.int64) if host is None else host.hits,
+        prefetched_blocks=None if host is None else host.prefetched,
         preempted=preempted,
         evictions=evictions,
         seconds=time.perf_counter() - started,
@@ -181,18 +194,20 @@ def _evict(
     index: dict[int, int],
     dups: dict[int, list[int]],
     evicted_by: dict[int, int],
-) -> None:
-    """Drop the keys of the `victims` request i took; record who evicted a key's last copy."""
+) -> list[int]:
+    """Drop the keys of the `victims` request i took; record who evicted a key's last copy.
+    Returns the keys no device block holds any more."""
     varr = np.array(victims, dtype=np.int64)
     kv = varr[state[varr] == KEYED]
     if not len(kv):
-        return
+        return []
     vkeys = key_of[kv].tolist()
     packed = ((i << 32) + owner_of[kv] + 1).tolist()
     if not dups:  # each key is held by this one block: C-level bulk updates
         deque(map(index.pop, vkeys), maxlen=0)
         evicted_by.update(zip(vkeys, packed, strict=True))
-        return
+        return vkeys
+    dropped: list[int] = []
     for k, b, e in zip(vkeys, kv.tolist(), packed, strict=True):
         d = dups.get(k)
         if index[k] == b:
@@ -203,11 +218,13 @@ def _evict(
             else:
                 del index[k]
                 evicted_by[k] = e
+                dropped.append(k)
         else:
             assert d is not None
             d.remove(b)
             if not d:
                 del dups[k]
+    return dropped
 
 
 def _store_slow(

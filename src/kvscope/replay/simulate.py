@@ -24,6 +24,7 @@ from kvscope.replay.policies import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrde
 from kvscope.replay.pool import simulate_pool
 from kvscope.replay.radix import RADIX_POLICIES, simulate_radix
 from kvscope.replay.result import SimResult
+from kvscope.replay.tiers import HostTier
 from kvscope.replay.trace import Trace
 from kvscope.replay.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
 
@@ -56,21 +57,25 @@ def simulate(
     engine: str = "vllm",
     host_blocks: int = 0,
     priorities: Sequence[float] | None = None,
+    prefetch: bool = False,
 ) -> SimResult:
     """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
 
-    `priorities[i]`: request i's priority, used by "priority" only.
+    `host_blocks` > 0: a host tier of that many blocks below the device ("vllm" only;
+    tiers.py), with KVFlow-style prefetch accounting if `prefetch`. `priorities[i]`: request
+    i's priority, used by "priority" only.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine semantics {engine!r}; known: {', '.join(ENGINES)}")
-    if host_blocks:
-        raise ValueError("a host tier is not simulated yet")
+    if host_blocks and engine != "vllm":
+        raise ValueError("a host tier is simulated on vllm semantics only")
     if policy == "none":
         return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
+    host = HostTier(host_blocks, prefetch=prefetch) if host_blocks > 0 else None
     if engine == "sglang":
         if policy not in RADIX_POLICIES:
             raise ValueError(f"{policy!r} is not simulated on sglang; known: {RADIX_POLICIES}")
         return simulate_radix(trace, policy, capacity_blocks, priorities)
-    return simulate_pool(trace, capacity_blocks, make_order(policy, priorities))
+    return simulate_pool(trace, capacity_blocks, make_order(policy, priorities), host=host)
