@@ -140,13 +140,18 @@ def test_every_policy_runs_and_no_cache_never_hits() -> None:
         simulate(tr, "lru", 20, engine="trt")
 
 
-def test_belady_without_int64_packing_gives_the_same_answers() -> None:
+def test_heap_keys_without_int64_packing_give_the_same_answers() -> None:
     from kvscope.replay.belady import BeladyOrder
+    from kvscope.replay.policies import LFUOrder
     from kvscope.replay.pool import simulate_pool
 
-    class Wide(BeladyOrder):
+    class WideBelady(BeladyOrder):
+        int_bits = 0
+
+    class WideLFU(LFUOrder):
         int_bits = 0
 
     for seed in range(3):
         tr = random_trace(seed, n=150)
-        _same(simulate_pool(tr, 20, BeladyOrder()), simulate_pool(tr, 20, Wide()))
+        _same(simulate_pool(tr, 20, BeladyOrder()), simulate_pool(tr, 20, WideBelady()))
+        _same(simulate_pool(tr, 20, LFUOrder()), simulate_pool(tr, 20, WideLFU()))

@@ -1,11 +1,13 @@
 """Eviction orders by a per-block score: fifo, lfu, priority (SGLang's), and slru.
 
-`ScoreOrder` keeps the evictable blocks in a heap of (score, tick, block) and evicts the
-smallest; `tick` counts releases, so equal scores fall back to LRU (the block released first,
-and within one release the request's tail first, as vLLM). Scores are taken when a block is
-released and do not change while it waits (nothing touches a waiting block without taking it
-out). Entries of blocks taken out stay in the heap, stale, and are skipped (a stamp per block);
-the heap is compacted when stale entries outnumber live ones.
+`ScoreOrder` keeps the evictable blocks in a heap and evicts the smallest (score, tick,
+block); `tick` counts releases, so equal scores fall back to LRU (the block released first,
+and within one release the request's tail first, as vLLM). Scores are non-negative ints taken
+when a block is released; they do not change while it waits (nothing touches a waiting block
+without taking it out). A heap entry is one int, the triple packed (computed in int64 when it
+fits in 63 bits, else as Python ints: same values), so the heap compares ints, not tuples. An
+entry is live while `key[block]` equals it; stale ones are skipped, and the heap is compacted
+when they outnumber the live ones.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 
@@ -25,45 +26,67 @@ from kvscope.replay.trace import Trace
 class ScoreOrder(EvictionOrder):
     """Evict the evictable block with the smallest score; ties: least recently released.
 
-    Subclasses define `scores(blocks)` (one per block, comparable), vectorised where they can.
+    Subclasses define `scores(blocks)`: a non-negative int64 array, one per block.
     """
 
     name = "score"
+    int_bits = 63  # compute heap keys in int64 when they fit (tests lower it)
 
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
-        self._heap: list[tuple[Any, int, int]] = []
-        self._stamp = np.zeros(capacity, dtype=np.int64)  # tick of the live entry; 0: none
+        computed = trace.prompt_tokens + trace.output_tokens - 1
+        ticks = int((-(-computed // trace.block_size)).sum()) + 1  # releases, at most
+        self._bb = max(capacity - 1, 1).bit_length()
+        self._bt = ticks.bit_length()
+        self._low = self._bt + self._bb
+        self._mask = (1 << self._bb) - 1
+        self._key: list[int] = [-1] * capacity  # live entry per block; -1: not evictable
+        self._heap: list[int] = []
         self._live = 0
         self._tick = 0
 
-    def scores(self, blocks: list[int]) -> list[Any]:
+    def scores(self, blocks: list[int]) -> np.ndarray:
         raise NotImplementedError
 
     def touched(self, i: int, blocks: list[int]) -> None:
-        self._live -= int(np.count_nonzero(self._stamp[blocks]))
-        self._stamp[blocks] = 0
+        key = self._key
+        was = list(map(key.__getitem__, blocks))
+        self._live -= len(was) - was.count(-1)
+        deque(map(key.__setitem__, blocks, repeat(-1)), maxlen=0)
 
     def released(self, i: int, blocks: list[int]) -> None:
-        t, n, heap = self._tick, len(blocks), self._heap
-        self._stamp[blocks] = np.arange(t + 1, t + n + 1)
-        entries = zip(self.scores(blocks), range(t + 1, t + n + 1), blocks, strict=True)
-        deque(map(heapq.heappush, repeat(heap), entries), maxlen=0)
+        t, n, heap, key = self._tick, len(blocks), self._heap, self._key
+        sc = self.scores(blocks)
+        ticks = np.arange(t + 1, t + n + 1, dtype=np.int64)
+        if int(sc.max()) < 1 << max(self.int_bits - self._low, 0):
+            keys = ((sc << self._low) | (ticks << self._bb) | np.asarray(blocks)).tolist()
+        else:
+            keys = [
+                (s << self._low) | (k << self._bb) | b
+                for s, k, b in zip(sc.tolist(), ticks.tolist(), blocks, strict=True)
+            ]
+        deque(map(key.__setitem__, blocks, keys), maxlen=0)
+        deque(map(heapq.heappush, repeat(heap), keys), maxlen=0)
         self._tick = t + n
         self._live += n
         if len(heap) > 2 * self._live + 1024:  # drop stale entries
-            tb = np.array([(e[1], e[2]) for e in heap], dtype=np.int64)
-            keep = (self._stamp[tb[:, 1]] == tb[:, 0]).tolist()
-            self._heap = [e for e, k in zip(heap, keep, strict=True) if k]
+            mask = self._mask
+            self._heap = [k for k in heap if key[k & mask] == k]
             heapq.heapify(self._heap)
 
     def pop(self) -> int:
-        heap, stamp = self._heap, self._stamp
-        while True:
-            _, t, b = heapq.heappop(heap)
-            if stamp.item(b) == t:
-                stamp[b] = 0
-                self._live -= 1
-                return b
+        return self.pop_many(1)[0]
+
+    def pop_many(self, m: int) -> list[int]:
+        heap, key, mask, pop = self._heap, self._key, self._mask, heapq.heappop
+        out: list[int] = []
+        while len(out) < m:
+            k = pop(heap)
+            b = k & mask
+            if key[b] == k:
+                key[b] = -1
+                out.append(b)
+        self._live -= m
+        return out
 
     def __len__(self) -> int:
         return self._live
@@ -84,8 +107,8 @@ class FIFOOrder(ScoreOrder):
         self._born[blocks] = np.arange(self._clock, self._clock + n)
         self._clock += n
 
-    def scores(self, blocks: list[int]) -> list[Any]:
-        return self._born[blocks].tolist()
+    def scores(self, blocks: list[int]) -> np.ndarray:
+        return self._born[blocks]
 
 
 class LFUOrder(ScoreOrder):
@@ -105,8 +128,8 @@ class LFUOrder(ScoreOrder):
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
         self._uses[blocks] = 1
 
-    def scores(self, blocks: list[int]) -> list[Any]:
-        return self._uses[blocks].tolist()
+    def scores(self, blocks: list[int]) -> np.ndarray:
+        return self._uses[blocks]
 
 
 class PriorityOrder(ScoreOrder):
@@ -128,8 +151,10 @@ class PriorityOrder(ScoreOrder):
         given = self._given if self._given is not None else [0.0] * len(trace)
         if len(given) != len(trace):
             raise ValueError(f"{len(given)} priorities for {len(trace)} requests")
-        self._req = [float(p) for p in given]
-        self._prio = np.zeros(capacity, dtype=np.float64)
+        # by rank among the distinct values: the heap wants non-negative ints
+        self._req = np.unique(np.asarray(given, dtype=np.float64), return_inverse=True)[1]
+        self._req = self._req.reshape(-1).tolist()
+        self._prio = np.zeros(capacity, dtype=np.int64)
 
     def touched(self, i: int, blocks: list[int]) -> None:
         self._prio[blocks] = np.maximum(self._prio[blocks], self._req[i])
@@ -138,8 +163,8 @@ class PriorityOrder(ScoreOrder):
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
         self._prio[blocks] = self._req[i]
 
-    def scores(self, blocks: list[int]) -> list[Any]:
-        return self._prio[blocks].tolist()
+    def scores(self, blocks: list[int]) -> np.ndarray:
+        return self._prio[blocks]
 
 
 class SLRUOrder(EvictionOrder):
