@@ -155,3 +155,14 @@ def test_heap_keys_without_int64_packing_give_the_same_answers() -> None:
         tr = random_trace(seed, n=150)
         _same(simulate_pool(tr, 20, BeladyOrder()), simulate_pool(tr, 20, WideBelady()))
         _same(simulate_pool(tr, 20, LFUOrder()), simulate_pool(tr, 20, WideLFU()))
+
+
+def test_without_eviction_every_engine_and_policy_hits_the_same() -> None:
+    tr = random_trace(5, n=100)
+    base = simulate(tr, "lru", 10_000).cached_blocks
+    assert base.sum() > 0
+    for policy in ("fifo", "lfu", "slru", "priority", "belady", "steps", "predicted"):
+        assert list(simulate(tr, policy, 10_000).cached_blocks) == list(base), policy
+    for policy in ("lru", "fifo", "lfu", "priority"):
+        r = simulate(tr, policy, 10_000, engine="sglang")
+        assert list(r.cached_blocks) == list(base) and r.evictions == 0, policy
