@@ -156,7 +156,7 @@ def simulate_pool(
         if caching:
             nk = min(len(keys), h + len(new)) - h  # new blocks that get a prompt key
             ks = keys[h : h + nk]
-            if not dups and index.keys().isdisjoint(ks) and len(set(ks)) == nk:
+            if index.keys().isdisjoint(ks) and len(set(ks)) == nk:
                 index.update(zip(ks, new, strict=False))
                 if evicted_by:
                     deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
@@ -203,7 +203,7 @@ def _evict(
         return []
     vkeys = key_of[kv].tolist()
     packed = ((i << 32) + owner_of[kv] + 1).tolist()
-    if not dups:  # each key is held by this one block: C-level bulk updates
+    if not dups or dups.keys().isdisjoint(vkeys):  # one block per key: C-level bulk updates
         deque(map(index.pop, vkeys), maxlen=0)
         evicted_by.update(zip(vkeys, packed, strict=True))
         return vkeys
