@@ -100,6 +100,12 @@ def test_radix_evicts_leaves_only_where_the_pool_evicts_a_parent() -> None:
     assert list(simulate(tr, "lru", 3).cached_blocks) == [0, 0, 1]  # tail released first
 
 
+def test_radix_lru_and_fifo_differ_on_a_re_used_leaf() -> None:
+    tr = make_trace([[1], [2], [1], [3], [1]])  # the 4th request evicts one of two leaves
+    assert list(simulate(tr, "lru", 3, engine="sglang").cached_blocks) == [0, 0, 1, 0, 1]
+    assert list(simulate(tr, "fifo", 3, engine="sglang").cached_blocks) == [0, 0, 1, 0, 0]
+
+
 def test_priority_keeps_the_blocks_of_important_requests() -> None:
     tr = make_trace([[2], [3], [4], [1], [2]])
     assert simulate(tr, "priority", 4).cached_blocks[-1] == 0  # all equal: LRU
