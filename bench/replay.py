@@ -155,7 +155,10 @@ def save(tr: Trace, path: str) -> None:
              meta=np.array(meta, dtype=object))  # fmt: skip
 
 
-def run(n: int, policies: list[str], capacity: int, block_size: int, engine: str) -> None:
+def run(
+    n: int, policies: list[str], capacity: int, block_size: int, engine: str
+) -> dict[str, float]:
+    """Build the trace, run each policy in a child, print a line each; wall seconds by policy."""
     t = time.perf_counter()
     tr = peer_trace(n, block_size)
     built = time.perf_counter() - t
@@ -167,15 +170,22 @@ def run(n: int, policies: list[str], capacity: int, block_size: int, engine: str
         path = str(Path(d) / "trace.npz")
         save(tr, path)
         del tr
+        walls: dict[str, float] = {}
         for p in policies:
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", path, p, str(capacity), engine],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            walls[p] = r["wall"]
             print(f"  {p:10s} {r['wall']:7.2f} s  {n / r['wall']:9.0f} req/s  "
                   f"hit {r['hit']:.3f}  peak RSS {r['peak_mb']:5.0f} MB "
                   f"({r['before_mb']:.0f} MB before simulate)")  # fmt: skip
+    if "lru" in walls:
+        for p, w in walls.items():
+            if p != "lru":
+                print(f"  {p} / lru wall time: {w / walls['lru']:.2f}")
+    return walls
 
 
 def time_chain_keys(block_size: int, n: int = 2000) -> None:
@@ -203,8 +213,11 @@ def main() -> None:
     cap = a.capacity_tokens // a.block_size
     pol = a.policies.split(",")
     time_chain_keys(a.block_size)
-    for n in (10_000, 100_000) if a.check else (a.requests,):
-        run(n, pol, cap, a.block_size, a.engine)
+    sizes = (10_000, 100_000) if a.check else (a.requests,)
+    walls = [run(n, pol, cap, a.block_size, a.engine) for n in sizes]
+    if a.check:
+        for p in pol:
+            print(f"{p}: 100k / 10k wall time = {walls[1][p] / walls[0][p]:.1f} (linear: 10)")
 
 
 if __name__ == "__main__":
