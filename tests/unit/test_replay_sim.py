@@ -172,3 +172,4 @@ def test_without_eviction_every_engine_and_policy_hits_the_same() -> None:
     for policy in ("lru", "fifo", "lfu", "priority"):
         r = simulate(tr, policy, 10_000, engine="sglang")
         assert list(r.cached_blocks) == list(base) and r.evictions == 0, policy
+        assert r.engine == "sglang"

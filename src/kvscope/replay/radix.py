@@ -188,5 +188,6 @@ def simulate_radix(
         preempted=preempted,
         evictions=evictions,
         seconds=time.perf_counter() - started,
+        engine="sglang",
         **harm_arrays(harm),
     )

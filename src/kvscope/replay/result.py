@@ -34,6 +34,7 @@ class SimResult:
     evictions: int  # keyed blocks evicted in all
     seconds: float  # wall time of the simulation
     prefetched_blocks: np.ndarray | None = None  # int64, per request; None: no host tier
+    engine: str = "vllm"  # the cache semantics replayed: "vllm" (block pool) or "sglang" (radix)
 
     @property
     def cached_tokens(self) -> np.ndarray:
