@@ -17,7 +17,8 @@ class SimResult:
     request): `harm_blocks` blocks of the needing request's prompt that had been cached, were
     evicted by the evictor's allocation, and had to be recomputed.
     `preempted[i]`: request i could not get all its blocks (the pool was pinned by running
-    requests; an engine would have preempted).
+    requests; an engine would have preempted). `prefetched_blocks[i]`: of its host blocks, those
+    a KVFlow-style prefetch had loaded before the call (None without a host tier).
     """
 
     policy: str
@@ -32,6 +33,8 @@ class SimResult:
     harm_blocks: np.ndarray  # int64
     evictions: int  # keyed blocks evicted in all
     seconds: float  # wall time of the simulation
+    prefetched_blocks: np.ndarray | None = None  # int64, per request; None: no host tier
+    engine: str = "vllm"  # the cache semantics replayed: "vllm" (block pool) or "sglang" (radix)
 
     @property
     def cached_tokens(self) -> np.ndarray:

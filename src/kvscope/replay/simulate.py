@@ -1,27 +1,81 @@
 """The one entry point every caller uses: `simulate(trace, policy, capacity_blocks)`.
 
 Policies are named here (POLICIES); each returns a `SimResult`. Engine semantics: "vllm" (the
-block pool: free queue, any free block evictable) or "sglang" (the radix cache: leaves only).
+block pool: free queue, any free block evictable; pool.py) or "sglang" (the radix cache: only
+leaves evictable; radix.py). Policies, with the module that defines each:
+
+- lru (order.py): vLLM's free queue; on "sglang", least recently used leaf first.
+  "sglang" runs lru, fifo, lfu, priority and none (radix.py's RADIX_POLICIES).
+- fifo, lfu, slru, priority (policies.py): by when stored, by uses, two LRU segments, by
+  request priority (`priorities`, higher kept longer; default all equal = LRU).
+- belady (belady.py): the offline optimum heuristic, farthest next use first: an upper bound.
+- steps (workflow.py): KVFlow's steps-to-execution over the agent step graph.
+- predicted (workflow.py): PBKV-style predicted next agent, learned online; LRU otherwise.
+- none: no prefix cache, the counterfactual (nothing is ever hit).
 """
 
 from __future__ import annotations
 
-from kvscope.replay.reference import simulate_lru
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from collections.abc import Callable, Sequence
 
-POLICIES = ("lru",)
-ENGINES = ("vllm",)
+from kvscope.replay.belady import BeladyOrder
+from kvscope.replay.order import EvictionOrder, LRUOrder
+from kvscope.replay.policies import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
+from kvscope.replay.pool import simulate_pool
+from kvscope.replay.radix import RADIX_POLICIES, simulate_radix
+from kvscope.replay.result import SimResult
+from kvscope.replay.tiers import HostTier
+from kvscope.replay.trace import Trace
+from kvscope.replay.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
+
+ORDERS: dict[str, Callable[[], EvictionOrder]] = {
+    "lru": LRUOrder,
+    "fifo": FIFOOrder,
+    "lfu": LFUOrder,
+    "slru": SLRUOrder,
+    "priority": PriorityOrder,
+    "belady": BeladyOrder,
+    "steps": StepsToExecutionOrder,
+    "predicted": PredictedNextAgentOrder,
+}
+POLICIES = (*ORDERS, "none")
+ENGINES = ("vllm", "sglang")
+
+
+def make_order(policy: str, priorities: Sequence[float] | None = None) -> EvictionOrder:
+    """The eviction order named `policy` (not "none")."""
+    if policy == "priority":
+        return PriorityOrder(priorities)
+    return ORDERS[policy]()
 
 
 def simulate(
-    trace: Trace, policy: str, capacity_blocks: int, *, engine: str = "vllm", host_blocks: int = 0
+    trace: Trace,
+    policy: str,
+    capacity_blocks: int,
+    *,
+    engine: str = "vllm",
+    host_blocks: int = 0,
+    priorities: Sequence[float] | None = None,
+    prefetch: bool = False,
 ) -> SimResult:
-    """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`."""
+    """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
+
+    `host_blocks` > 0: a host tier of that many blocks below the device ("vllm" only;
+    tiers.py), with KVFlow-style prefetch accounting if `prefetch`. `priorities[i]`: request
+    i's priority, used by "priority" only.
+    """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine semantics {engine!r}; known: {', '.join(ENGINES)}")
-    if host_blocks:
-        raise ValueError("a host tier is not simulated yet")
-    return simulate_lru(trace, capacity_blocks)
+    if host_blocks and engine != "vllm":
+        raise ValueError("a host tier is simulated on vllm semantics only")
+    if policy == "none":
+        return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
+    host = HostTier(host_blocks, prefetch=prefetch) if host_blocks > 0 else None
+    if engine == "sglang":
+        if policy not in RADIX_POLICIES:
+            raise ValueError(f"{policy!r} is not simulated on sglang; known: {RADIX_POLICIES}")
+        return simulate_radix(trace, policy, capacity_blocks, priorities)
+    return simulate_pool(trace, capacity_blocks, make_order(policy, priorities), host=host)

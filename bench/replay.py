@@ -1,0 +1,224 @@
+"""How fast the prefix-cache simulator replays a PEER-like trace, per policy.
+
+The trace: workflows of PEER's four agents (planner, executor, expresser, reviewer) in cycles,
+a few workflows in flight at once, each request's prompt = a prefix shared by all + its agent's
+fixed part + its workflow's context, growing each step + a fresh suffix (~1.5k tokens), and
+128 output tokens. Block keys are generated directly (Mooncake-like hash ids, chained here by a
+polynomial hash), not through token ids; `chain_keys` on token ids is timed on a sample apart.
+
+Each policy runs in a child process that loads the trace and simulates it: wall seconds are the
+`simulate()` call only; peak memory is the child's ru_maxrss (the whole process: interpreter,
+numpy, the trace and the simulation; VmHWM), and its RSS just before `simulate()`.
+
+    PYTHONPATH=src python bench/replay.py [--requests 100000] [--policies lru,belady] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvscope.replay.trace import Trace, chain_keys
+
+AGENTS = ("planner", "executor", "expresser", "reviewer")
+SHARED, FIXED, CONTEXT_STEP, SUFFIX, OUTPUT = 16, 48, 5, 4, 128  # blocks; output in tokens
+CYCLES, IN_FLIGHT = 3, 6
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads small ids over 64 bits."""
+    with np.errstate(over="ignore"):
+        x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def peer_trace(n: int, block_size: int = 16, seed: int = 0) -> Trace:
+    """n requests of PEER-like workflows; see the module docstring."""
+    rng = np.random.default_rng(seed)
+    steps = len(AGENTS) * CYCLES
+    req = np.arange(n)
+    wf, step = req // steps, req % steps
+    agent = step % len(AGENTS)
+    ctx = CONTEXT_STEP * step
+    counts = (SHARED + FIXED + SUFFIX + ctx).astype(np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    total = int(offsets[-1])
+    local = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    r = np.repeat(req, counts)
+    content = np.where(
+        local < SHARED,
+        local,
+        np.where(
+            local < SHARED + FIXED,
+            (1 << 20) + np.repeat(agent, counts) * 1000 + local,
+            np.where(
+                local < SHARED + FIXED + np.repeat(ctx, counts),
+                (1 << 40) + np.repeat(wf, counts) * 1000 + local,
+                (1 << 50) + np.arange(total),
+            ),
+        ),
+    )
+    c = _mix(content)
+    with np.errstate(over="ignore"):  # key_k = sum_j c_j * 3^(k-j), per request, vectorised
+        pw = np.ones(int(counts.max()) + 1, dtype=np.uint64)
+        pw[1:] = np.uint64(3)
+        pw = np.cumprod(pw, dtype=np.uint64)
+        inv = np.ones_like(pw)
+        inv[1:] = np.uint64(pow(3, -1, 1 << 64))
+        inv = np.cumprod(inv, dtype=np.uint64)
+        run = np.cumsum(c * inv[local], dtype=np.uint64)
+        base = np.concatenate([[np.uint64(0)], run])[offsets[:-1]]
+        keys = (run - np.repeat(base, counts)) * pw[local]
+    del r, content, c, local
+    # workflows: IN_FLIGHT lanes, each runs its workflows back to back
+    dur = rng.uniform(1.0, 3.0, size=n)
+    start, end = np.empty(n), np.empty(n)
+    lane_t = np.zeros(IN_FLIGHT)
+    for w in range(int(wf.max()) + 1):
+        lane = w % IN_FLIGHT
+        lo, hi = w * steps, min((w + 1) * steps, n)
+        d = dur[lo:hi]
+        e = lane_t[lane] + np.cumsum(d + 0.01)
+        start[lo:hi], end[lo:hi] = e - d, e
+        lane_t[lane] = e[-1] + rng.uniform(0, 1)
+    extra = rng.integers(0, block_size, size=n)
+    names = tuple(AGENTS[a] for a in agent.tolist())
+    prev = tuple(None if s == 0 else AGENTS[(a - 1) % 4] for s, a in zip(step, agent, strict=True))
+    return Trace(
+        f"peer-like n={n}",
+        block_size,
+        tuple(map(str, range(n))),
+        start,
+        end,
+        counts * block_size + extra,
+        np.full(n, OUTPUT, dtype=np.int64),
+        keys,
+        offsets,
+        names,
+        tuple(f"w{w}" for w in wf.tolist()),
+        prev,
+    )
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    """VmHWM: this process's peak RSS. (ru_maxrss would not do: Linux carries it over fork and
+    exec, so a child reports its parent's peak when that was higher.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(path: str, policy: str, capacity: int, engine: str) -> None:
+    """Child: load the trace, run one policy, print one JSON line."""
+    from kvscope.replay.simulate import simulate
+
+    z = np.load(path, allow_pickle=True)
+    meta = z["meta"].item()
+    tr = Trace(
+        meta["source"], meta["block_size"], meta["ids"], z["start"], z["end"], z["prompt"],
+        z["output"], z["keys"], z["offsets"], meta["agents"], meta["workflows"], meta["prev"],
+    )  # fmt: skip
+    before = _rss_mb()
+    t = time.perf_counter()
+    res = simulate(tr, policy, capacity, engine=engine)
+    wall = time.perf_counter() - t
+    peak = _peak_mb()
+    hit = float(res.cached_blocks.sum()) / max(int(tr.offsets[-1]), 1)
+    print(json.dumps({"policy": policy, "engine": engine, "n": len(tr), "wall": wall,
+                      "hit": hit, "peak_mb": peak, "before_mb": before}))  # fmt: skip
+
+
+def save(tr: Trace, path: str) -> None:
+    meta = {"source": tr.source, "block_size": tr.block_size, "ids": tr.request_ids,
+            "agents": tr.agents, "workflows": tr.workflows, "prev": tr.previous_agents}  # fmt: skip
+    np.savez(path, start=tr.start_s, end=tr.end_s, prompt=tr.prompt_tokens,
+             output=tr.output_tokens, keys=tr.keys, offsets=tr.offsets,
+             meta=np.array(meta, dtype=object))  # fmt: skip
+
+
+def run(
+    n: int, policies: list[str], capacity: int, block_size: int, engine: str
+) -> dict[str, float]:
+    """Build the trace, run each policy in a child, print a line each; wall seconds by policy."""
+    t = time.perf_counter()
+    tr = peer_trace(n, block_size)
+    built = time.perf_counter() - t
+    blocks = int(tr.offsets[-1])
+    print(f"trace: {n} requests, {blocks} blocks, mean prompt "
+          f"{tr.prompt_tokens.mean():.0f} tokens, built in {built:.2f} s; "
+          f"capacity {capacity} blocks; engine {engine}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as d:
+        path = str(Path(d) / "trace.npz")
+        save(tr, path)
+        del tr
+        walls: dict[str, float] = {}
+        for p in policies:
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", path, p, str(capacity), engine],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            walls[p] = r["wall"]
+            print(f"  {p:10s} {r['wall']:7.2f} s  {n / r['wall']:9.0f} req/s  "
+                  f"hit {r['hit']:.3f}  peak RSS {r['peak_mb']:5.0f} MB "
+                  f"({r['before_mb']:.0f} MB before simulate)")  # fmt: skip
+    if "lru" in walls:
+        for p, w in walls.items():
+            if p != "lru":
+                print(f"  {p} / lru wall time: {w / walls['lru']:.2f}")
+    return walls
+
+
+def time_chain_keys(block_size: int, n: int = 2000) -> None:
+    rng = np.random.default_rng(1)
+    toks = [rng.integers(0, 50000, size=1500) for _ in range(n)]
+    t = time.perf_counter()
+    keys, _ = chain_keys(toks, block_size)
+    dt = time.perf_counter() - t
+    print(f"chain_keys on token ids: {n} prompts x 1500 tokens in {dt:.3f} s "
+          f"({n / dt:.0f} prompts/s; {len(keys)} blocks)")  # fmt: skip
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--policies", default="lru,belady")
+    ap.add_argument("--capacity-tokens", type=int, default=20480)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--engine", default="vllm")
+    ap.add_argument("--check", action="store_true", help="run at 10k and 100k: is it linear?")
+    a = ap.parse_args()
+    cap = a.capacity_tokens // a.block_size
+    pol = a.policies.split(",")
+    time_chain_keys(a.block_size)
+    sizes = (10_000, 100_000) if a.check else (a.requests,)
+    walls = [run(n, pol, cap, a.block_size, a.engine) for n in sizes]
+    if a.check:
+        for p in pol:
+            print(f"{p}: 100k / 10k wall time = {walls[1][p] / walls[0][p]:.1f} (linear: 10)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Belady's OPT: evict the evictable block whose key is next used farthest in the future.
+
+The offline bound: the replay knows the whole trace. `next_use(trace, rank)` is one pass over
+the flat keys (a stable sort by key of the positions in start order, then each position's
+successor in its group): for every flat position p, the start rank of the next request that
+contains the same key, or `NEVER`. A block's next use is taken from the position where its key
+was last stored or hit; if that request already started without using the block (it missed an
+earlier block of its chain, so it stored a copy), the chain is followed to the first request
+not yet started. Blocks whose key is never used again (and opaque output blocks) go first.
+
+Belady is optimal for a single cache of independent items; with prefix chains (a hit needs all
+earlier blocks) and pinned blocks it is the classic upper-bound heuristic, not a proven optimum.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from itertools import repeat
+
+import numpy as np
+
+from kvscope.replay.order import EvictionOrder
+from kvscope.replay.trace import Trace
+
+NEVER = np.iinfo(np.int64).max
+
+
+def next_use(trace: Trace, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(next position, next rank) per flat position: the next occurrence of the same key in a
+    later-starting request (-1 / NEVER if none). Positions are int32 when they fit."""
+    counts = np.diff(trace.offsets)
+    total = len(trace.keys)
+    itype = np.int32 if total < 2**31 - 1 else np.int64
+    by_rank = np.argsort(rank, kind="stable")
+    c = counts[by_rank]  # flat positions, requests in start order
+    pos = np.repeat((trace.offsets[:-1][by_rank] - (np.cumsum(c) - c)).astype(itype), c)
+    pos += np.arange(total, dtype=itype)
+    s = pos[np.argsort(trace.keys[pos], kind="stable")]
+    del pos
+    same = trace.keys[s[1:]] == trace.keys[s[:-1]]
+    nxt = np.full(total, -1, dtype=itype)
+    nxt[s[:-1][same]] = s[1:][same]
+    del s, same
+    nrank = np.full(total, NEVER, dtype=np.int64)
+    has = nxt >= 0
+    nrank[has] = np.repeat(rank, counts)[nxt[has]]
+    return nxt, nrank
+
+
+class BeladyOrder(EvictionOrder):
+    """Evict the block whose key is next used farthest ahead; ties: the deeper block of its
+    chain first (evicting a chain's head wastes the blocks after it), then by block id.
+
+    The heap holds one int per entry, (far, depth, block) packed in 63 bits (next rank, chain
+    position and block id each in as many bits as the trace needs; Python ints beyond that),
+    so pushes and pops compare ints, not tuples. An entry is live while `key[block]` equals it.
+    """
+
+    name = "belady"
+    int_bits = 63  # pack heap keys in int64 when they fit (tests lower it)
+
+    def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
+        self._rank = rank
+        self._nxt, self._nrank = next_use(trace, rank)
+        self._offsets = trace.offsets
+        n = len(trace)
+        longest = int(np.diff(trace.offsets).max(initial=0)) + 1
+        self._bb = max(capacity - 1, 1).bit_length()
+        self._bj = max(longest, 1).bit_length()
+        self._top = n + 2  # far = top - next rank: smaller is evicted first; NEVER -> 0
+        self._jmax = (1 << self._bj) - 1
+        self._packed = (n + 3).bit_length() + self._bj + self._bb <= self.int_bits
+        # per flat position, the key's high part: (far, depth) packed; one more slot, 0, for
+        # blocks without a position (opaque, blank)
+        counts = np.diff(trace.offsets)
+        depth = self._jmax - np.minimum(
+            np.arange(len(trace.keys)) - np.repeat(trace.offsets[:-1], counts), self._jmax
+        )
+        far = np.where(self._nrank == NEVER, 0, self._top - np.minimum(self._nrank, self._top))
+        del self._nrank
+        self._shift = self._bj + self._bb
+        if not self._packed:  # Python ints: no width limit
+            far, depth = far.astype(object), depth.astype(object)
+        static = (far << self._shift) | (depth << self._bb)
+        del far, depth
+        self._static = np.append(static, 0)
+        self._pos = np.full(capacity, -1, dtype=np.int64)  # flat position of the last use
+        self._key: list[int] = [-1] * capacity  # live entry per block; -1: not evictable
+        self._heap: list[int] = []
+        self._live = 0
+        self._now = -1
+
+    def start(self, i: int) -> None:
+        self._now = int(self._rank[i])
+
+    def touched(self, i: int, blocks: list[int]) -> None:
+        o = int(self._offsets[i])
+        self._pos[blocks] = np.arange(o, o + len(blocks))
+        key = self._key
+        was = list(map(key.__getitem__, blocks))
+        self._live -= len(was) - was.count(-1)
+        deque(map(key.__setitem__, blocks, repeat(-1)), maxlen=0)
+
+    def stored(self, i: int, blocks: list[int], j0: int) -> None:
+        o = int(self._offsets[i]) + j0
+        n = min(len(blocks), int(self._offsets[i + 1]) - o)  # beyond: opaque or blank
+        self._pos[blocks[:n]] = np.arange(o, o + n)
+        self._pos[blocks[n:]] = -1
+
+    def released(self, i: int, blocks: list[int]) -> None:
+        pos = self._pos[blocks]
+        high = self._static[pos]
+        if self._packed:
+            late = np.flatnonzero((high >> self._shift) >= self._top - self._now)
+            keys_a = high | np.asarray(blocks)
+        else:
+            late = np.flatnonzero([h >> self._shift >= self._top - self._now for h in high])
+            keys_a = high | np.asarray(blocks, dtype=object)
+        for k in late.tolist():  # its next request already started without it: follow on
+            p = int(pos[k])
+            while p >= 0 and self._top - (int(self._static[p]) >> self._shift) <= self._now:
+                p = int(self._nxt[p])
+            far = 0 if p < 0 else int(self._static[p]) >> self._shift
+            keys_a[k] = (far << self._shift) | (int(high[k]) & ((1 << self._shift) - 1))
+            keys_a[k] |= blocks[k]
+        keys = keys_a.tolist()
+        key, heap = self._key, self._heap
+        deque(map(key.__setitem__, blocks, keys), maxlen=0)
+        deque(map(heapq.heappush, repeat(heap), keys), maxlen=0)
+        self._live += len(blocks)
+        if len(heap) > 2 * self._live + 1024:  # drop stale entries
+            mask = (1 << self._bb) - 1
+            self._heap = [k for k in heap if key[k & mask] == k]
+            heapq.heapify(self._heap)
+
+    def pop(self) -> int:
+        return self.pop_many(1)[0]
+
+    def pop_many(self, m: int) -> list[int]:
+        heap, key, mask, pop = self._heap, self._key, (1 << self._bb) - 1, heapq.heappop
+        out: list[int] = []
+        while len(out) < m:
+            k = pop(heap)
+            b = k & mask
+            if key[b] == k:
+                key[b] = -1
+                out.append(b)
+        self._live -= m
+        return out
+
+    def __len__(self) -> int:
+        return self._live

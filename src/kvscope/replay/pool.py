@@ -1,0 +1,243 @@
+"""vLLM's block pool, fast: the semantics of reference.py with a pluggable eviction order.
+
+Contract: with `LRUOrder` the result equals `reference.simulate_lru` exactly (cached blocks,
+harm rows, evictions, preemptions); see reference.py for the rules. Physical block ids may
+differ (blank blocks are interchangeable), nothing observable does. With another order only the
+choice among evictable hashed blocks changes: blank blocks (no hash) are still reused first,
+held blocks are never evicted, a key is looked up in the first block that stored it.
+
+Cost: per request a few C-level calls over its block list (lookup by `map`, reference counts
+in numpy, the order's bulk hooks) plus a Python loop over its *missed* blocks only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from itertools import repeat
+
+import numpy as np
+
+from kvscope.replay.order import EvictionOrder
+from kvscope.replay.result import SimResult
+from kvscope.replay.tiers import HostTier
+from kvscope.replay.trace import Trace
+
+BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
+# (OPAQUE: its content is unknown to a trace, no lookup matches it)
+
+
+def event_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(request, is_start) per event, in replay order: by time, ends before starts, then index;
+    a request without duration (end = start) ends right after its own start."""
+    n = len(trace)
+    start, end = np.asarray(trace.start_s, float), np.asarray(trace.end_s, float)
+    idx = np.concatenate([np.arange(n), np.arange(n)])
+    is_start = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)])
+    tier = np.concatenate([(end <= start).astype(np.int8), np.ones(n, dtype=np.int8)])
+    perm = np.lexsort((1 - is_start, idx, tier, np.concatenate([end, start])))
+    return idx[perm], is_start[perm]
+
+
+def start_rank(trace: Trace) -> np.ndarray:
+    """rank[i]: request i's position among starts (the replay's clock for next-use policies)."""
+    order = np.lexsort((np.arange(len(trace)), np.asarray(trace.start_s, float)))
+    rank = np.empty(len(trace), dtype=np.int64)
+    rank[order] = np.arange(len(trace))
+    return rank
+
+
+def harm_arrays(harm: dict[tuple[int, int, int], int]) -> dict[str, np.ndarray]:
+    rows = sorted(harm.items())
+    return {
+        "harm_request": np.array([r[0][0] for r in rows], dtype=np.int64),
+        "harm_evictor": np.array([r[0][1] for r in rows], dtype=np.int64),
+        "harm_owner": np.array([r[0][2] for r in rows], dtype=np.int64),
+        "harm_blocks": np.array([r[1] for r in rows], dtype=np.int64),
+    }
+
+
+def simulate_pool(
+    trace: Trace,
+    capacity_blocks: int,
+    order: EvictionOrder,
+    *,
+    caching: bool = True,
+    host: HostTier | None = None,
+) -> SimResult:
+    """Replay `trace` through a vLLM block pool of `capacity_blocks` usable blocks.
+
+    `caching=False` is the no-cache counterfactual: nothing is looked up or kept. `host`: a host
+    tier below the device (tiers.py), None for none.
+    """
+    started = time.perf_counter()
+    n, bs = len(trace), trace.block_size
+    order.bind(trace, capacity_blocks, start_rank(trace))
+    if host is not None:
+        host.bind(trace)
+    ref = np.zeros(capacity_blocks, dtype=np.int64)
+    state = np.zeros(capacity_blocks, dtype=np.int8)  # BLANK, KEYED or OPAQUE
+    key_of = np.zeros(capacity_blocks, dtype=np.uint64)  # when KEYED
+    owner_of = np.full(capacity_blocks, -1, dtype=np.int64)  # request that stored the key
+    blank = list(range(capacity_blocks - 1, -1, -1))  # free blocks without a hash (a stack)
+    index: dict[int, int] = {}  # key -> first block that stored it
+    dups: dict[int, list[int]] = {}  # key -> later blocks holding it, in the order stored
+    evicted_by: dict[int, int] = {}  # key -> evictor << 32 | (owner + 1), until stored again
+    held: dict[int, np.ndarray] = {}  # running request -> its blocks, tail first
+    cached = np.zeros(n, dtype=np.int64)
+    preempted = np.zeros(n, dtype=bool)
+    harm: dict[tuple[int, int, int], int] = {}
+    evictions = 0
+    prompt = trace.prompt_tokens.tolist()
+    output = trace.output_tokens.tolist()
+    offsets = trace.offsets.tolist()
+    keys_all = trace.keys
+    index_get, evicted_get = index.get, evicted_by.get
+
+    reqs, kinds = event_order(trace)
+    for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
+        if kind == 0:  # end: blocks back to the free queue, tail first
+            arr = held.pop(i, None)
+            if arr is not None and len(arr):
+                ref[arr] -= 1
+                freed = arr[ref[arr] == 0]
+                hashed_mask = state[freed] != BLANK
+                hashed = freed[hashed_mask].tolist()
+                if len(hashed) != len(freed):
+                    blank.extend(freed[~hashed_mask].tolist())
+                if hashed:
+                    order.released(i, hashed)
+            order.finished(i)
+            continue
+
+        order.start(i)
+        kslice = keys_all[offsets[i] : offsets[i + 1]]
+        keys = kslice.tolist()
+        p = prompt[i]
+        limit = max(p - 1, 0) // bs if caching else 0
+        hits = list(map(index_get, keys[:limit]))
+        h = hits.index(None) if None in hits else len(hits)
+        mine = hits[:h]
+        if h:
+            order.touched(i, mine)
+        cached[i] = h
+        loaded = host.match(i, keys, h, limit) if host is not None else 0
+        missed = keys[h + loaded :]
+        if evicted_by and not evicted_by.keys().isdisjoint(missed):
+            for k in missed:
+                e = evicted_get(k)
+                if e is not None and k not in index:
+                    row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
+                    harm[row] = harm.get(row, 0) + 1
+        computed = p + output[i] - 1
+        total, full = -(-computed // bs), computed // bs
+        need = total - h
+        take = min(need, len(blank))
+        new = blank[len(blank) - take :][::-1] if take else []
+        del blank[len(blank) - take :]
+        rest = need - take
+        if rest:
+            if rest > len(order):
+                preempted[i] = True
+                rest = len(order)
+            if rest:
+                victims = order.pop_many(rest)
+                evictions += rest
+                dropped = _evict(i, victims, state, key_of, owner_of, index, dups, evicted_by)
+                if host is not None and dropped:
+                    host.offload(dropped)
+                new += victims
+        both = np.array((mine + new)[::-1], dtype=np.int64)
+        ref[both] += 1
+        held[i] = both
+        if not new:
+            continue
+        narr = both[len(new) - 1 :: -1]
+        if caching:
+            nk = min(len(keys), h + len(new)) - h  # new blocks that get a prompt key
+            ks = keys[h : h + nk]
+            if index.keys().isdisjoint(ks) and len(set(ks)) == nk:
+                index.update(zip(ks, new, strict=False))
+                if evicted_by:
+                    deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
+            else:
+                _store_slow(ks, new, index, dups, evicted_by)
+            kb = narr[:nk]
+            key_of[kb] = kslice[h : h + nk]
+            state[kb] = KEYED
+            owner_of[kb] = i
+            nop = max(0, min(full, h + len(new)) - h - nk)
+            state[narr[nk : nk + nop]] = OPAQUE
+            state[narr[nk + nop :]] = BLANK
+            order.stored(i, new, h)
+
+    return SimResult(
+        policy=order.name if caching else "none",
+        capacity_blocks=capacity_blocks,
+        block_size=bs,
+        cached_blocks=cached,
+        host_blocks=np.zeros(n, dtype=np.int64) if host is None else host.hits,
+        prefetched_blocks=None if host is None else host.prefetched,
+        preempted=preempted,
+        evictions=evictions,
+        seconds=time.perf_counter() - started,
+        **harm_arrays(harm),
+    )
+
+
+def _evict(
+    i: int,
+    victims: list[int],
+    state: np.ndarray,
+    key_of: np.ndarray,
+    owner_of: np.ndarray,
+    index: dict[int, int],
+    dups: dict[int, list[int]],
+    evicted_by: dict[int, int],
+) -> list[int]:
+    """Drop the keys of the `victims` request i took; record who evicted a key's last copy.
+    Returns the keys no device block holds any more."""
+    varr = np.array(victims, dtype=np.int64)
+    kv = varr[state[varr] == KEYED]
+    if not len(kv):
+        return []
+    vkeys = key_of[kv].tolist()
+    packed = ((i << 32) + owner_of[kv] + 1).tolist()
+    if not dups or dups.keys().isdisjoint(vkeys):  # one block per key: C-level bulk updates
+        deque(map(index.pop, vkeys), maxlen=0)
+        evicted_by.update(zip(vkeys, packed, strict=True))
+        return vkeys
+    dropped: list[int] = []
+    for k, b, e in zip(vkeys, kv.tolist(), packed, strict=True):
+        d = dups.get(k)
+        if index[k] == b:
+            if d:
+                index[k] = d.pop(0)
+                if not d:
+                    del dups[k]
+            else:
+                del index[k]
+                evicted_by[k] = e
+                dropped.append(k)
+        else:
+            assert d is not None
+            d.remove(b)
+            if not d:
+                del dups[k]
+    return dropped
+
+
+def _store_slow(
+    ks: list[int],
+    blocks: list[int],
+    index: dict[int, int],
+    dups: dict[int, list[int]],
+    evicted_by: dict[int, int],
+) -> None:
+    """Index `ks[j]` in `blocks[j]`; a key already held elsewhere becomes a duplicate."""
+    for k, b in zip(ks, blocks, strict=False):
+        if k in index:
+            dups.setdefault(k, []).append(b)
+        else:
+            index[k] = b
+            evicted_by.pop(k, None)
