@@ -1,0 +1,149 @@
+"""Token hashes for provenance, vectorised with numpy: block keys, block hashes, token windows.
+
+One polynomial hash serves everything, modulo 2**64 (uint64 wraparound) with an odd base B:
+h(t_0 .. t_{m-1}) = sum_i x(t_i) * B^(m-1-i), where x(t) = t * K1 + K2 spreads token ids (K1 odd,
+so x is one-to-one). Then
+- a block's hash is h of its `size` tokens;
+- a prompt's k-th block key is h of its first (k + 1) * size tokens: the key of a block chains on
+  its parent's, key = parent * B^size + h(block) (root 0), the chaining the engines hash with, so
+  two prompts share their k-th key exactly when their first k + 1 blocks are token for token
+  equal (up to hash collisions, about n^2 / 2^64 for n keys);
+- a window (any `size` consecutive tokens, at any offset) has the hash of a block with its tokens.
+
+Everything is computed from one exclusive cumsum over a batch of prompts laid end to end:
+G[j] = sum_{i<j} x_i * B^-(local i), so h(tokens local s .. e) = (G[e] - G[s]) * B^(e-1).
+Batches hold about `BATCH_TOKENS` tokens, so memory does not grow with the run.
+"""
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+_B = 0xD6E8FEB86659FD93  # odd: invertible modulo 2**64
+_B_INV = pow(_B, -1, 1 << 64)
+_K1, _K2 = 0x9E3779B97F4A7C15, 0x632BE59BD9B4E019
+BATCH_TOKENS = 1 << 20
+_FILTER_BITS = 26  # the window prefilter: a bitmap over the top bits of a query's hash
+
+Tokens = Sequence[int] | np.ndarray
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0 .. base^(n-1) modulo 2**64."""
+    out = np.full(n, base, dtype=np.uint64)
+    out[0] = 1
+    with np.errstate(over="ignore"):
+        return np.cumprod(out, dtype=np.uint64)
+
+
+class _Powers:
+    """B^k and B^-k for k < n, grown on demand."""
+
+    def __init__(self) -> None:
+        self.fwd = self.inv = np.ones(1, dtype=np.uint64)
+
+    def need(self, n: int) -> None:
+        if n > len(self.fwd):
+            n = max(n, 2 * len(self.fwd))
+            self.fwd, self.inv = _powers(_B, n), _powers(_B_INV, n)
+
+
+_POW = _Powers()
+
+
+def _x(ids: Tokens) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.asarray(ids, dtype=np.int64).astype(np.uint64) * np.uint64(_K1) + np.uint64(_K2)
+
+
+def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
+    """(G, starts): the batch's exclusive cumsum (len total + 1) and each prompt's first index."""
+    lens = np.array([len(p) for p in prompts], dtype=np.int64)
+    starts = np.zeros(len(prompts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    total = int(starts[-1])
+    _POW.need(int(lens.max(initial=0)) + 1)
+    G = np.zeros(total + 1, dtype=np.uint64)
+    if total:
+        x = _x(np.concatenate([np.asarray(p) for p in prompts if len(p)]))
+        local = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lens)
+        with np.errstate(over="ignore"):
+            np.cumsum(x * _POW.inv[local], dtype=np.uint64, out=G[1:])
+    return G, starts
+
+
+def _span_hashes(G: np.ndarray, first: np.ndarray, local_end: np.ndarray, begin: np.ndarray):
+    """h of tokens [begin, end) of each span; `first` the prompt's start in G, local_end its end."""
+    with np.errstate(over="ignore"):
+        return (G[first + local_end] - G[first + begin]) * _POW.fwd[local_end - 1]
+
+
+def batches(prompts: Sequence[Tokens], budget: int = BATCH_TOKENS) -> Iterator[range]:
+    """Consecutive index ranges of prompts holding about `budget` tokens each."""
+    i, n = 0, len(prompts)
+    while i < n:
+        j, tokens = i, 0
+        while j < n and (j == i or tokens + len(prompts[j]) <= budget):
+            tokens += len(prompts[j])
+            j += 1
+        yield range(i, j)
+        i = j
+
+
+def prompt_blocks(
+    prompts: Sequence[Tokens], size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys, hashes, offsets) of every full block of every prompt, flat: prompt i's blocks are
+    [offsets[i], offsets[i + 1]). keys: the chained prefix keys; hashes: the blocks' own hashes."""
+    counts = np.array([len(p) // size for p in prompts], dtype=np.int64)
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    keys = np.empty(int(offsets[-1]), dtype=np.uint64)
+    hashes = np.empty_like(keys)
+    for span in batches(prompts):
+        G, starts = _cumsum([prompts[i] for i in span])
+        c = counts[span.start : span.stop]
+        if not c.sum():
+            continue
+        first = np.repeat(starts[:-1], c)
+        end = (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
+        lo, hi = offsets[span.start], offsets[span.stop]
+        keys[lo:hi] = _span_hashes(G, first, end, np.zeros_like(end))
+        hashes[lo:hi] = _span_hashes(G, first, end, end - size)
+    return keys, hashes, offsets
+
+
+def chain(parent: int, block_hash: int, size: int) -> int:
+    """The key of a block of `size` tokens with hash `block_hash` whose parent's key is `parent`."""
+    _POW.need(size + 1)
+    return (parent * int(_POW.fwd[size]) + block_hash) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> np.ndarray:
+    """For each query hash: the index of the first prompt holding a window (`size` consecutive
+    tokens at any offset) with that hash; len(prompts) where none does.
+
+    Only windows matching a query are kept (a bitmap prefilter, then an exact match), so memory
+    is that of the queries and one batch, not of every window of every prompt."""
+    uniq, inverse = np.unique(queries, return_inverse=True)
+    first = np.full(len(uniq), len(prompts), dtype=np.int64)
+    if not len(uniq):
+        return first[inverse]
+    shift = np.uint64(64 - _FILTER_BITS)
+    bitmap = np.zeros(1 << _FILTER_BITS, dtype=bool)
+    bitmap[uniq >> shift] = True
+    for span in batches(prompts):
+        G, starts = _cumsum([prompts[i] for i in span])
+        n_win = np.maximum(np.diff(starts) - size + 1, 0)
+        if not n_win.sum():
+            continue
+        which = np.repeat(np.arange(len(span)), n_win)
+        begin = np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win)
+        h = _span_hashes(G, starts[which], begin + size, begin)
+        keep = bitmap[h >> shift]
+        h, which = h[keep], which[keep]
+        at = np.searchsorted(uniq, h).clip(max=len(uniq) - 1)
+        hit = uniq[at] == h
+        at, which = at[hit], which[hit] + span.start
+        np.minimum.at(first, at, which)
+    return first[inverse]
