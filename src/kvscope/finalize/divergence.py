@@ -9,20 +9,26 @@ reuse the prompt layout allows, whatever the cache does.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from kvscope.records.tokens import PrefixIndex, common_prefix
 
 Row = dict[str, Any]
 
 
-def with_divergence(rows: Sequence[Row], tokens: Mapping[str, Sequence[int]]) -> list[Row]:
+def with_divergence(
+    rows: Sequence[Row], tokens: Mapping[str, Sequence[int] | np.ndarray]
+) -> list[Row]:
+    """The rows with the three columns filled where the request's prompt tokens are known."""
     index = PrefixIndex()
-    last_call: dict[str, Sequence[int]] = {}  # workflow -> its latest prompt
-    last_agent: dict[tuple[str, str], Sequence[int]] = {}  # (workflow, agent) -> latest prompt
+    last_call: dict[str, np.ndarray] = {}  # workflow -> its latest prompt
+    last_agent: dict[tuple[str, str], np.ndarray] = {}  # (workflow, agent) -> latest prompt
     out: dict[str, Row] = {}
     for r in sorted(rows, key=lambda r: r["start_ns"]):
-        ids = tokens.get(r["request_uuid"])
-        if ids is None:
+        given = tokens.get(r["request_uuid"])
+        if given is None:
             continue
+        ids = np.asarray(given)
         wf, agent = r["workflow_run_id"], r["agent_id"]
         same, prev = last_agent.get((wf, agent)), last_call.get(wf)
         out[r["request_uuid"]] = r | {

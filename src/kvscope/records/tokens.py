@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvscope.records.base import read_jsonl, record_dict
 
 TOKENS_JSONL = "prompt_tokens.jsonl"
@@ -29,31 +31,46 @@ def load_tokens(run_dir: Path) -> dict[str, list[int]]:
     return {r["request_uuid"]: r["token_ids"] for r in rows}
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
     """Length of the longest common prefix: the first index where a and b differ."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+_KEY = np.dtype(">u4")  # big-endian: bytes compare as the token sequences do
+
+
+def _key(ids: Sequence[int] | np.ndarray) -> bytes:
+    a = np.asarray(ids)
+    if len(a) and (a.min() < 0 or a.max() > 0xFFFF_FFFF):
+        raise ValueError("PrefixIndex holds token ids in [0, 2**32)")
+    return a.astype(_KEY).tobytes()
 
 
 class PrefixIndex:
-    """Longest common prefix of a sequence with any sequence added before, in O(L log n).
+    """Longest common prefix of a sequence with any sequence added before, in O(L + log n).
 
     Among sorted sequences, the longest common prefix with a query is reached at the query's
-    sorted neighbours, so only two comparisons are needed per query.
+    sorted neighbours, so only two comparisons are needed per query. Sequences are held as
+    big-endian 4-byte token ids (4 bytes a token: ids must lie in [0, 2**32)), whose byte order
+    is the sequences' lexicographic order, so the search is bytes comparisons.
     """
 
     def __init__(self) -> None:
-        self._sorted: list[tuple[int, ...]] = []
+        self._sorted: list[bytes] = []
 
-    def longest(self, ids: Sequence[int]) -> int:
-        key = tuple(ids)
+    def longest(self, ids: Sequence[int] | np.ndarray) -> int:
+        key = _key(ids)
         i = bisect_left(self._sorted, key)
-        near = self._sorted[max(i - 1, 0) : i + 1]
-        return max((common_prefix(key, s) for s in near), default=0)
+        return max((_common_bytes(key, s) for s in self._sorted[max(i - 1, 0) : i + 1]), default=0)
 
-    def add(self, ids: Sequence[int]) -> None:
-        key = tuple(ids)
+    def add(self, ids: Sequence[int] | np.ndarray) -> None:
+        key = _key(ids)
         self._sorted.insert(bisect_left(self._sorted, key), key)
+
+
+def _common_bytes(a: bytes, b: bytes) -> int:
+    return common_prefix(np.frombuffer(a, dtype=_KEY), np.frombuffer(b, dtype=_KEY))
