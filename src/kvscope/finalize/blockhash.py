@@ -51,25 +51,26 @@ class _Powers:
 _POW = _Powers()
 
 
-def _x(ids: Tokens) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return np.asarray(ids, dtype=np.int64).astype(np.uint64) * np.uint64(_K1) + np.uint64(_K2)
-
-
-def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
-    """(G, starts): the batch's exclusive cumsum (len total + 1) and each prompt's first index."""
+def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(G, starts, local): the batch's exclusive cumsum (len total + 1), each prompt's first
+    index and each token's index in its prompt."""
     lens = np.array([len(p) for p in prompts], dtype=np.int64)
     starts = np.zeros(len(prompts) + 1, dtype=np.int64)
     np.cumsum(lens, out=starts[1:])
     total = int(starts[-1])
     _POW.need(int(lens.max(initial=0)) + 1)
     G = np.zeros(total + 1, dtype=np.uint64)
+    local = np.arange(total, dtype=np.int64)
     if total:
-        x = _x(np.concatenate([np.asarray(p) for p in prompts if len(p)]))
-        local = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lens)
+        local -= np.repeat(starts[:-1], lens)
+        # x(t) = t * K1 + K2, then * B^-local: int64 -> uint64 keeps distinct ids distinct
+        x = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts]).view(np.uint64)
         with np.errstate(over="ignore"):
-            np.cumsum(x * _POW.inv[local], dtype=np.uint64, out=G[1:])
-    return G, starts
+            x *= np.uint64(_K1)
+            x += np.uint64(_K2)
+            x *= _POW.inv[local]
+            np.cumsum(x, dtype=np.uint64, out=G[1:])
+    return G, starts, local
 
 
 def _span_hashes(G: np.ndarray, first: np.ndarray, local_end: np.ndarray, begin: np.ndarray):
@@ -101,7 +102,7 @@ def prompt_blocks(
     keys = np.empty(int(offsets[-1]), dtype=np.uint64)
     hashes = np.empty_like(keys)
     for span in batches(prompts):
-        G, starts = _cumsum([prompts[i] for i in span])
+        G, starts, _ = _cumsum([prompts[i] for i in span])
         c = counts[span.start : span.stop]
         if not c.sum():
             continue
@@ -115,8 +116,13 @@ def prompt_blocks(
 
 def chain(parent: int, block_hash: int, size: int) -> int:
     """The key of a block of `size` tokens with hash `block_hash` whose parent's key is `parent`."""
-    _POW.need(size + 1)
-    return (parent * int(_POW.fwd[size]) + block_hash) & 0xFFFF_FFFF_FFFF_FFFF
+    mult = _MULT.get(size)
+    if mult is None:
+        mult = _MULT[size] = pow(_B, size, 1 << 64)
+    return (parent * mult + block_hash) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+_MULT: dict[int, int] = {}  # size -> B^size
 
 
 def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> np.ndarray:
@@ -132,18 +138,23 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
     shift = np.uint64(64 - _FILTER_BITS)
     bitmap = np.zeros(1 << _FILTER_BITS, dtype=bool)
     bitmap[uniq >> shift] = True
+    _POW.need(max(map(len, prompts)) + size)  # windows across two prompts index past one
     for span in batches(prompts):
-        G, starts = _cumsum([prompts[i] for i in span])
-        n_win = np.maximum(np.diff(starts) - size + 1, 0)
-        if not n_win.sum():
+        G, starts, local = _cumsum([prompts[i] for i in span])
+        total = len(local)
+        if total < size:
             continue
-        which = np.repeat(np.arange(len(span)), n_win)
-        begin = np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win)
-        h = _span_hashes(G, starts[which], begin + size, begin)
+        # windows by first token g (flat): h = (G[g + size] - G[g]) * B^(local g + size - 1)
+        with np.errstate(over="ignore"):
+            h = G[size:] - G[: total - size + 1]
+            h *= _POW.fwd[local[: total - size + 1] + (size - 1)]
+        ends = np.repeat(starts[1:], np.diff(starts))[: total - size + 1]
         keep = bitmap[h >> shift]
-        h, which = h[keep], which[keep]
+        keep &= np.arange(total - size + 1) + size <= ends  # inside one prompt
+        g = np.flatnonzero(keep)
+        h = h[g]
         at = np.searchsorted(uniq, h).clip(max=len(uniq) - 1)
         hit = uniq[at] == h
-        at, which = at[hit], which[hit] + span.start
-        np.minimum.at(first, at, which)
+        which = np.searchsorted(starts, g[hit], side="right") - 1 + span.start
+        np.minimum.at(first, at[hit], which)
     return first[inverse]

@@ -34,8 +34,7 @@ def with_divergence(
         out[r["request_uuid"]] = r | {
             "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
             "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
-            "max_reusable_tokens": index.longest(ids),
+            "max_reusable_tokens": index.longest_then_add(ids),
         }
-        index.add(ids)
         last_call[wf] = last_agent[(wf, agent)] = ids
     return [out.get(r["request_uuid"], r) for r in rows]

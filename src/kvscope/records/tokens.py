@@ -36,8 +36,9 @@ def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) 
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if len(differ) else n
+    differ = np.asarray(a[:n]) != np.asarray(b[:n])
+    i = int(differ.argmax())  # the first True, or 0 when there is none
+    return i if differ[i] else n
 
 
 _KEY = np.dtype(">u4")  # big-endian: bytes compare as the token sequences do
@@ -70,6 +71,14 @@ class PrefixIndex:
     def add(self, ids: Sequence[int] | np.ndarray) -> None:
         key = _key(ids)
         self._sorted.insert(bisect_left(self._sorted, key), key)
+
+    def longest_then_add(self, ids: Sequence[int] | np.ndarray) -> int:
+        """longest(ids), then add(ids), with one search."""
+        key = _key(ids)
+        i = bisect_left(self._sorted, key)
+        near = self._sorted[max(i - 1, 0) : i + 1]
+        self._sorted.insert(i, key)
+        return max((_common_bytes(key, s) for s in near), default=0)
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:
