@@ -72,14 +72,59 @@ class PrefixIndex:
         key = _key(ids)
         self._sorted.insert(bisect_left(self._sorted, key), key)
 
-    def longest_then_add(self, ids: Sequence[int] | np.ndarray) -> int:
-        """longest(ids), then add(ids), with one search."""
-        key = _key(ids)
-        i = bisect_left(self._sorted, key)
-        near = self._sorted[max(i - 1, 0) : i + 1]
-        self._sorted.insert(i, key)
-        return max((_common_bytes(key, s) for s in near), default=0)
-
 
 def _common_bytes(a: bytes, b: bytes) -> int:
     return common_prefix(np.frombuffer(a, dtype=_KEY), np.frombuffer(b, dtype=_KEY))
+
+
+def longest_with_earlier(
+    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = 64
+) -> list[int]:
+    """For each sequence, its longest common prefix with any sequence before it in the list:
+    PrefixIndex.longest then add for each in turn, all at once in O(L + n log n).
+
+    The sequences are sorted once; the longest common prefix of q with an earlier sequence is
+    reached at q's nearest earlier ones in sorted order (one on each side), and is the least
+    common prefix of the adjacent pairs between. The sort key of a sequence is the ranks of its
+    `chunk`-token pieces among all distinct pieces in lexicographic order (4 bytes a piece, the
+    last piece possibly shorter): the order of the sequences, in 4 / chunk bytes a token.
+    """
+    n = len(prompts)
+    arrays = [np.asarray(p) for p in prompts]
+    keys = _piece_keys(arrays, chunk)
+    by_key = sorted(range(n), key=keys.__getitem__)
+    adjacent = [0] * n  # adjacent[i]: the common prefix of sorted i - 1 and sorted i
+    for i in range(1, n):
+        a, b = by_key[i - 1], by_key[i]
+        j = min(_common_bytes(keys[a], keys[b]) * chunk, len(arrays[a]), len(arrays[b]))
+        adjacent[i] = j + common_prefix(arrays[a][j : j + chunk], arrays[b][j : j + chunk])
+    out = [0] * n
+    for side, step in ((range(n), 0), (range(n - 1, -1, -1), 1)):
+        # [list index, least adjacent common prefix from it to the entry above / the position]
+        stack: list[list[int]] = []
+        for i in side:
+            q = by_key[i]
+            if stack:
+                stack[-1][1] = min(stack[-1][1], adjacent[i + step])
+                while stack and stack[-1][0] > q:  # later than q: never nearest earlier again
+                    least = stack.pop()[1]
+                    if stack:
+                        stack[-1][1] = min(stack[-1][1], least)
+                if stack:
+                    out[q] = max(out[q], stack[-1][1])
+            stack.append([q, 1 << 62])
+    return out
+
+
+def _piece_keys(arrays: Sequence[np.ndarray], chunk: int) -> list[bytes]:
+    width = _KEY.itemsize * chunk
+    ranks: dict[bytes, int] = {}  # distinct piece -> its id, then its rank
+    ids = []
+    for a in arrays:
+        b = _key(a)
+        ids.append(
+            [ranks.setdefault(b[s : s + width], len(ranks)) for s in range(0, len(b), width)]
+        )
+    rank = np.empty(len(ranks), dtype=np.int64)
+    rank[[ranks[p] for p in sorted(ranks)]] = np.arange(len(ranks))
+    return [rank[i].astype(_KEY).tobytes() for i in ids]
