@@ -11,8 +11,9 @@ so x is one-to-one). Then
 - a window (any `size` consecutive tokens, at any offset) has the hash of a block with its tokens.
 
 Everything is computed from one exclusive cumsum over a batch of prompts laid end to end:
-G[j] = sum_{i<j} x_i * B^-(local i), so h(tokens local s .. e) = (G[e] - G[s]) * B^(e-1).
-Batches hold about `BATCH_TOKENS` tokens, so memory does not grow with the run.
+G[j] = sum_{i<j} x_i * B^-i, so h(tokens s .. e - 1) = (G[e] - G[s]) * B^(e-1), whatever prompt
+they are in (a prompt's hashes do not depend on where it lies in the batch). Batches hold
+about `BATCH_TOKENS` tokens, so memory does not grow with the run.
 """
 
 from collections.abc import Iterator, Sequence
@@ -51,32 +52,28 @@ class _Powers:
 _POW = _Powers()
 
 
-def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(G, starts, local): the batch's exclusive cumsum (len total + 1), each prompt's first
-    index and each token's index in its prompt."""
-    lens = np.array([len(p) for p in prompts], dtype=np.int64)
+def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
+    """(G, starts): the batch's exclusive cumsum (len total + 1) and the prompts' bounds in it."""
     starts = np.zeros(len(prompts) + 1, dtype=np.int64)
-    np.cumsum(lens, out=starts[1:])
+    np.cumsum([len(p) for p in prompts], out=starts[1:])
     total = int(starts[-1])
-    _POW.need(int(lens.max(initial=0)) + 1)
+    _POW.need(total + 1)
     G = np.zeros(total + 1, dtype=np.uint64)
-    local = np.arange(total, dtype=np.int64)
     if total:
-        local -= np.repeat(starts[:-1], lens)
-        # x(t) = t * K1 + K2, then * B^-local: int64 -> uint64 keeps distinct ids distinct
-        x = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts]).view(np.uint64)
+        # x(t) = t * K1 + K2, then * B^-i: int64 -> uint64 keeps distinct ids distinct
+        x = np.concatenate([p for p in prompts if len(p)]).astype(np.int64).view(np.uint64)
         with np.errstate(over="ignore"):
             x *= np.uint64(_K1)
             x += np.uint64(_K2)
-            x *= _POW.inv[local]
+            x *= _POW.inv[:total]
             np.cumsum(x, dtype=np.uint64, out=G[1:])
-    return G, starts, local
+    return G, starts
 
 
-def _span_hashes(G: np.ndarray, first: np.ndarray, local_end: np.ndarray, begin: np.ndarray):
-    """h of tokens [begin, end) of each span; `first` the prompt's start in G, local_end its end."""
+def _span_hashes(G: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """h of the tokens [begin, end) of the batch, for each span."""
     with np.errstate(over="ignore"):
-        return (G[first + local_end] - G[first + begin]) * _POW.fwd[local_end - 1]
+        return (G[end] - G[begin]) * _POW.fwd[end - 1]
 
 
 def batches(prompts: Sequence[Tokens], budget: int = BATCH_TOKENS) -> Iterator[range]:
@@ -102,15 +99,15 @@ def prompt_blocks(
     keys = np.empty(int(offsets[-1]), dtype=np.uint64)
     hashes = np.empty_like(keys)
     for span in batches(prompts):
-        G, starts, _ = _cumsum([prompts[i] for i in span])
+        G, starts = _cumsum([prompts[i] for i in span])
         c = counts[span.start : span.stop]
         if not c.sum():
             continue
         first = np.repeat(starts[:-1], c)
-        end = (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
+        end = first + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
         lo, hi = offsets[span.start], offsets[span.stop]
-        keys[lo:hi] = _span_hashes(G, first, end, np.zeros_like(end))
-        hashes[lo:hi] = _span_hashes(G, first, end, end - size)
+        keys[lo:hi] = _span_hashes(G, first, end)
+        hashes[lo:hi] = _span_hashes(G, end - size, end)
     return keys, hashes, offsets
 
 
@@ -138,19 +135,17 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
     shift = np.uint64(64 - _FILTER_BITS)
     bitmap = np.zeros(1 << _FILTER_BITS, dtype=bool)
     bitmap[uniq >> shift] = True
-    _POW.need(max(map(len, prompts)) + size)  # windows across two prompts index past one
     for span in batches(prompts):
-        G, starts, local = _cumsum([prompts[i] for i in span])
-        total = len(local)
-        if total < size:
+        G, starts = _cumsum([prompts[i] for i in span])
+        n_win = len(G) - size  # windows by first token g: h = (G[g + size] - G[g]) B^(g + size - 1)
+        if n_win <= 0:
             continue
-        # windows by first token g (flat): h = (G[g + size] - G[g]) * B^(local g + size - 1)
         with np.errstate(over="ignore"):
-            h = G[size:] - G[: total - size + 1]
-            h *= _POW.fwd[local[: total - size + 1] + (size - 1)]
-        ends = np.repeat(starts[1:], np.diff(starts))[: total - size + 1]
+            h = G[size:] - G[:n_win]
+            h *= _POW.fwd[size - 1 : size - 1 + n_win]
         keep = bitmap[h >> shift]
-        keep &= np.arange(total - size + 1) + size <= ends  # inside one prompt
+        across = (starts[1:, None] - np.arange(1, size)).ravel()  # windows across a prompt's end
+        keep[across[(across >= 0) & (across < n_win)]] = False
         g = np.flatnonzero(keep)
         h = h[g]
         at = np.searchsorted(uniq, h).clip(max=len(uniq) - 1)
