@@ -5,6 +5,7 @@ the prefix relation between token sequences that the first-divergence columns ar
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def _common_bytes(a: bytes, b: bytes) -> int:
 
 
 def longest_with_earlier(
-    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = 64
+    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = 256
 ) -> list[int]:
     """For each sequence, its longest common prefix with any sequence before it in the list:
     PrefixIndex.longest then add for each in turn, all at once in O(L + n log n).
@@ -96,7 +97,7 @@ def longest_with_earlier(
     adjacent = [0] * n  # adjacent[i]: the common prefix of sorted i - 1 and sorted i
     for i in range(1, n):
         a, b = by_key[i - 1], by_key[i]
-        j = min(_common_bytes(keys[a], keys[b]) * chunk, len(arrays[a]), len(arrays[b]))
+        j = min(_common_pieces(keys[a], keys[b]) * chunk, len(arrays[a]), len(arrays[b]))
         adjacent[i] = j + common_prefix(arrays[a][j : j + chunk], arrays[b][j : j + chunk])
     out = [0] * n
     for side, step in ((range(n), 0), (range(n - 1, -1, -1), 1)):
@@ -116,15 +117,34 @@ def longest_with_earlier(
     return out
 
 
-def _piece_keys(arrays: Sequence[np.ndarray], chunk: int) -> list[bytes]:
+def _common_pieces(a: bytes, b: bytes) -> int:
+    """The leading 4-byte ids two piece keys share (keys are short: a loop beats numpy)."""
+    w, n = _KEY.itemsize, min(len(a), len(b))
+    k = 0
+    while k < n and a[k : k + w] == b[k : k + w]:
+        k += w
+    return k // w
+
+
+def _piece_keys(arrays: Sequence[np.ndarray], chunk: int, group: int = 512) -> list[bytes]:
+    """Each sequence's pieces' lexicographic ranks, as big-endian 4-byte ids (see the caller)."""
     width = _KEY.itemsize * chunk
     ranks: dict[bytes, int] = {}  # distinct piece -> its id, then its rank
-    ids = []
-    for a in arrays:
-        b = _key(a)
-        ids.append(
-            [ranks.setdefault(b[s : s + width], len(ranks)) for s in range(0, len(b), width)]
-        )
+    ids: list[int] = []
+    bounds = [0]
+    for g in range(0, len(arrays), group):
+        some = [a for a in arrays[g : g + group] if len(a)]
+        flat = _key(np.concatenate(some)) if some else b""
+        end = 0
+        for a in arrays[g : g + group]:
+            start, end = end, end + _KEY.itemsize * len(a)
+            ids += [
+                ranks.setdefault(flat[s : min(s + width, end)], len(ranks))
+                for s in range(start, end, width)
+            ]
+            bounds.append(len(ids))
     rank = np.empty(len(ranks), dtype=np.int64)
     rank[[ranks[p] for p in sorted(ranks)]] = np.arange(len(ranks))
-    return [rank[i].astype(_KEY).tobytes() for i in ids]
+    keys = rank[ids].astype(_KEY).tobytes()
+    w = _KEY.itemsize
+    return [keys[w * a : w * b] for a, b in pairwise(bounds)]
