@@ -24,7 +24,6 @@ _B = 0xD6E8FEB86659FD93  # odd: invertible modulo 2**64
 _B_INV = pow(_B, -1, 1 << 64)
 _K1, _K2 = 0x9E3779B97F4A7C15, 0x632BE59BD9B4E019
 BATCH_TOKENS = 1 << 20
-_FILTER_BITS = 26  # the window prefilter: a bitmap over the top bits of a query's hash
 
 Tokens = Sequence[int] | np.ndarray
 
@@ -132,8 +131,10 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
     first = np.full(len(uniq), len(prompts), dtype=np.int64)
     if not len(uniq):
         return first[inverse]
-    shift = np.uint64(64 - _FILTER_BITS)
-    bitmap = np.zeros(1 << _FILTER_BITS, dtype=bool)
+    # the prefilter: a bitmap over a hash's top bits, ~1/16 full (small enough to stay cached)
+    bits = min(max(len(uniq).bit_length() + 4, 16), 24)
+    shift = np.uint64(64 - bits)
+    bitmap = np.zeros(1 << bits, dtype=bool)
     bitmap[uniq >> shift] = True
     for span in batches(prompts):
         G, starts = _cumsum([prompts[i] for i in span])

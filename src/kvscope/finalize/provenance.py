@@ -31,7 +31,7 @@ _UNMATCHABLE = -1  # the key of a block no prompt block can equal (a partial or 
 Row = dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class BlockLife:
     block_hash: int
     key: int | None  # prefix key; None when the parent was never seen
@@ -80,9 +80,9 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
                 continue
             parent = e.parent_block_hash
             key: int | None = _ROOT if parent is None else _key_of(alive, parent)
-            mine = hashes.get(n, [])
+            mine, n_tokens = hashes.get(n, []), len(e.token_ids)
             for i, h in enumerate(e.block_hashes):
-                tokens = max(min(size, len(e.token_ids) - i * size), 0)
+                tokens = max(min(size, n_tokens - i * size), 0)
                 if key is not None:
                     full = i < len(mine) and key != _UNMATCHABLE
                     key = blockhash.chain(key, mine[i], size) if full else _UNMATCHABLE
@@ -102,10 +102,10 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
             for life in alive.values():
                 life.removed_ns, life.removal = ts, "cleared"
             alive.clear()
+    first_store = {seq: stores[0] for seq, stores in step_stores.items()}  # all non-empty
     for life, seq in removed_in:
-        stores = [s for s in step_stores.get(seq, ()) if s]
-        if stores:
-            life.evictor, life.evictor_method = stores[0], "same-step store"
+        if seq in first_store:
+            life.evictor, life.evictor_method = first_store[seq], "same-step store"
     return Ledger(lives, block_size, orphans)
 
 
