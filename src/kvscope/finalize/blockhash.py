@@ -110,12 +110,20 @@ def prompt_blocks(
     return keys, hashes, offsets
 
 
-def chain(parent: int, block_hash: int, size: int) -> int:
-    """The key of a block of `size` tokens with hash `block_hash` whose parent's key is `parent`."""
+MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def multiplier(size: int) -> int:
+    """B^size: chain(parent, h, size) == (parent * multiplier(size) + h) & MASK."""
     mult = _MULT.get(size)
     if mult is None:
         mult = _MULT[size] = pow(_B, size, 1 << 64)
-    return (parent * mult + block_hash) & 0xFFFF_FFFF_FFFF_FFFF
+    return mult
+
+
+def chain(parent: int, block_hash: int, size: int) -> int:
+    """The key of a block of `size` tokens with hash `block_hash` whose parent's key is `parent`."""
+    return (parent * multiplier(size) + block_hash) & MASK
 
 
 _MULT: dict[int, int] = {}  # size -> B^size

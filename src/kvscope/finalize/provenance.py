@@ -81,11 +81,12 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
             parent = e.parent_block_hash
             key: int | None = _ROOT if parent is None else _key_of(alive, parent)
             mine, n_tokens = hashes.get(n, []), len(e.token_ids)
+            mult = blockhash.multiplier(size)  # key = chain(key, hash, size), inlined
             for i, h in enumerate(e.block_hashes):
                 tokens = max(min(size, n_tokens - i * size), 0)
                 if key is not None:
                     full = i < len(mine) and key != _UNMATCHABLE
-                    key = blockhash.chain(key, mine[i], size) if full else _UNMATCHABLE
+                    key = (key * mult + mine[i]) & blockhash.MASK if full else _UNMATCHABLE
                 orphans += key is None
                 life = BlockLife(h, key, tokens, ts, seq, e.session_id)
                 alive[h] = life
