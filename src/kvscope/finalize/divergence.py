@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.finalize.gcpause import without_gc
 from kvscope.records.tokens import common_prefix, longest_with_earlier
 
 Row = dict[str, Any]
 
 
+@without_gc
 def with_divergence(
     rows: Sequence[Row], tokens: Mapping[str, Sequence[int] | np.ndarray]
 ) -> list[Row]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from kvscope.finalize import blockhash
 from kvscope.finalize.blockhash import Tokens
+from kvscope.finalize.gcpause import without_gc
 from kvscope.records.kv_events import KvBatch, KvEvent
 from kvscope.records.requests import STATUS_OK, transition_label
 
@@ -61,6 +62,7 @@ def prompt_keys(ids: Tokens, block_size: int) -> list[int]:
     return blockhash.prompt_blocks([ids], block_size)[0].tolist()
 
 
+@without_gc
 def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
     """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
     events = list(events)
@@ -167,6 +169,7 @@ def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _
     return _Prompts(listed, position, keys.tolist(), hashes, offsets.tolist(), seen)
 
 
+@without_gc
 def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger) -> Provenance:
     """Per-request provenance columns and the block table (owners, evictors, harm)."""
     size = ledger.block_size
