@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+from pyarrow import json as pa_json
 
 from kvscope.records.base import read_jsonl, record_dict
 
@@ -25,11 +27,39 @@ class PromptTokenIds:
         return record_dict(self)
 
 
-def load_tokens(run_dir: Path) -> dict[str, list[int]]:
-    """request_uuid -> its prompt token ids; empty when the run has no stream."""
+def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
+    """request_uuid -> its prompt token ids, as integer arrays; empty when the run has no stream.
+
+    The arrays are views of one flat array, int32 when every id fits (4 bytes a token, where
+    Python lists of ints took about 36). The stream is read by pyarrow's JSON reader; a stream
+    it cannot read (a line torn by a crash) is read line by line, skipping unreadable lines.
+    A request_uuid written twice keeps its last line.
+    """
     path = run_dir / TOKENS_JSONL
-    rows = read_jsonl(path)[0] if path.exists() else []
-    return {r["request_uuid"]: r["token_ids"] for r in rows}
+    if not path.exists():
+        return {}
+    try:
+        table = pa_json.read_json(path, parse_options=pa_json.ParseOptions(_SCHEMA))
+    except pa.ArrowInvalid:
+        rows = read_jsonl(path)[0]
+        table = pa.Table.from_pylist(
+            [{k: r.get(k) for k in _SCHEMA.names} for r in rows], schema=_SCHEMA
+        )
+    uuids = table.column("request_uuid").to_pylist()
+    ids = table.column("token_ids").combine_chunks()
+    values = ids.values.to_numpy(zero_copy_only=False)
+    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
+        values = values.astype(np.int32)
+    bounds = ids.offsets.to_numpy().tolist()
+    present = ids.is_valid().to_numpy(zero_copy_only=False).tolist()
+    return {
+        u: values[bounds[k] : bounds[k + 1]]
+        for k, u in enumerate(uuids)
+        if u is not None and present[k]
+    }
+
+
+_SCHEMA = pa.schema([("request_uuid", pa.string()), ("token_ids", pa.list_(pa.int64()))])
 
 
 def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
