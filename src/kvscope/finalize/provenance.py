@@ -10,6 +10,12 @@ request_uuid) and otherwise the in-flight request whose prompt holds that prefix
 a removed block is inferred, never observed (engines publish no cause): the requests whose new
 blocks were stored in the same scheduler step, else the request that started last among those
 in flight. Both are marked as inferred in the output.
+
+Uncached blocks are evicted (every earlier life of the key was removed by then), cold (a prompt
+that started earlier holds the same prefix: it was still being computed) or layout (a prompt
+that started earlier held the block's tokens at any offset, behind another prefix), else cold.
+Keys and hashes come from finalize.blockhash (numpy); the layout check is answered for all
+requests at once after the pass, keeping only the windows whose hash some check asks for.
 """
 
 from bisect import bisect_right
@@ -55,11 +61,6 @@ class Ledger:
     lives: list[BlockLife]
     block_size: int | None
     orphan_blocks: int  # stored with a parent never seen: no prefix key, never matched
-
-
-def prompt_keys(ids: Tokens, block_size: int) -> list[int]:
-    """The prefix keys of a prompt's full blocks (blockhash: the same keys the ledger chains)."""
-    return blockhash.prompt_blocks([ids], block_size)[0].tolist()
 
 
 @without_gc
