@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.finalize import blockhash
+from kvscope.finalize import blockhash, keylives
 from kvscope.finalize.blockhash import Tokens
 from kvscope.finalize.gcpause import without_gc
+from kvscope.finalize.keylives import KeyLives
 from kvscope.records.kv_events import KvBatch, KvEvent
 from kvscope.records.requests import STATUS_OK, transition_label
 
@@ -182,10 +183,7 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
     prompts = _prompts(order, tokens, size)
     _attribute_owners(ledger, order, prompts)
     _infer_evictors(ledger, order, by_uuid)
-    by_key: dict[int, list[BlockLife]] = defaultdict(list)
-    for life in ledger.lives:
-        if life.key is not None:
-            by_key[life.key].append(life)
+    by_key = keylives.by_key((x.key, x) for x in ledger.lives if x.key is not None)
     asks: list[int] = []  # flat blocks to look for in earlier prompts' windows
     asker: list[int] = []  # the index in `done` of the request asking
     done: list[tuple[Row, dict[str, int]]] = []
@@ -244,7 +242,7 @@ def _classify(
     prompts: _Prompts,
     lo: int,
     hi: int,
-    by_key: Mapping[int, list[BlockLife]],
+    by_key: Mapping[int, KeyLives[BlockLife]],
     by_uuid: Mapping[str, Row],
     size: int,
 ) -> tuple[dict[str, int], list[int]]:
@@ -255,7 +253,8 @@ def _classify(
     counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
     hit_blocks = min(cached // size, len(keys))
     for i in range(hit_blocks):
-        life = _resident(by_key.get(keys[i], ()), t)
+        lives = by_key.get(keys[i])
+        life = lives.resident(t) if lives else None
         if life is None or life.owner is None or life.owner == r["request_uuid"]:
             counts["unattributed"] += size
             continue
@@ -266,9 +265,9 @@ def _classify(
     asks = []
     for i in range(hit_blocks, len(keys)):
         lives = by_key.get(keys[i])
-        before = [b for b in lives if b.stored_ns <= t] if lives else None
-        if before and all(b.removed_ns is not None and b.removed_ns <= t for b in before):
-            before[-1].needed_by.append(r["request_uuid"])
+        last = lives.evicted_before(t) if lives else None
+        if last is not None:
+            last.needed_by.append(r["request_uuid"])
             counts["evicted"] += size
         elif not prompts.seen_before[lo + i]:  # else: computed by a request in flight: cold
             asks.append(lo + i)
@@ -288,14 +287,6 @@ def _columns(r: Row, counts: Mapping[str, int], layout: int) -> Row:
         "uncached_layout_tokens": layout,
         "uncached_cold_tokens": uncached - evicted - layout,
     }
-
-
-def _resident(lives: Sequence[BlockLife], t: int) -> BlockLife | None:
-    """The life of a block that was in the cache at time t (the latest stored before t)."""
-    for life in reversed(lives):
-        if life.stored_ns <= t and (life.removed_ns is None or life.removed_ns > t):
-            return life
-    return None
 
 
 def _relation(r: Row, owner: Row | None) -> str:
