@@ -13,9 +13,8 @@ class Life:
 
 
 def scan_resident(lives: list[Life], t: int) -> Life | None:
-    return next(
-        (x for x in reversed(lives) if x.stored_ns <= t and (x.removed_ns or 1 << 62) > t), None
-    )
+    alive = [x for x in lives if x.stored_ns <= t and (x.removed_ns is None or x.removed_ns > t)]
+    return alive[-1] if alive else None
 
 
 def scan_evicted(lives: list[Life], t: int) -> Life | None:
