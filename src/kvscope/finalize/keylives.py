@@ -31,11 +31,17 @@ L = TypeVar("L", bound=Life)
 class KeyLives(Generic[L]):
     """The lives of one key in ledger order; to build once the ledger is complete."""
 
+    __slots__ = ("lives", "ordered", "removed_by", "stored")
+
     def __init__(self, lives: list[L]) -> None:
         self.lives = lives
+        self.stored: list[int] = []
+        self.removed_by: list[float] = []  # max removal time over lives[: i + 1]
+        self.ordered = len(lives) > 1  # one life: the scan is as quick
+        if not self.ordered:
+            return
         self.stored = [x.stored_ns for x in lives]
         self.ordered = all(a <= b for a, b in zip(self.stored, self.stored[1:], strict=False))
-        self.removed_by: list[float] = []  # max removal time over lives[: i + 1]
         latest = -_NEVER
         for x in lives:
             latest = max(latest, _NEVER if x.removed_ns is None else x.removed_ns)
