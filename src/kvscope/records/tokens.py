@@ -30,7 +30,7 @@ class PromptTokenIds:
 def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
     """request_uuid -> its prompt token ids, as integer arrays; empty when the run has no stream.
 
-    The arrays are views of one flat array, int32 when every id fits (4 bytes a token, where
+    The arrays are views of a few flat arrays, int32 when every id fits (4 bytes a token, where
     Python lists of ints took about 36). The stream is read by pyarrow's JSON reader; a stream
     it cannot read (a line torn by a crash) is read line by line, skipping unreadable lines.
     A request_uuid written twice keeps its last line.
@@ -39,24 +39,41 @@ def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         return {}
     try:
-        table = pa_json.read_json(path, parse_options=pa_json.ParseOptions(_SCHEMA))
+        batches = _read_batches(path)
     except pa.ArrowInvalid:
         rows = read_jsonl(path)[0]
         table = pa.Table.from_pylist(
             [{k: r.get(k) for k in _SCHEMA.names} for r in rows], schema=_SCHEMA
         )
-    uuids = table.column("request_uuid").to_pylist()
-    ids = table.column("token_ids").combine_chunks()
-    values = ids.values.to_numpy(zero_copy_only=False)
+        batches = [_int_batch(b) for b in table.to_batches()]
+    out: dict[str, np.ndarray] = {}
+    for uuids, values, bounds, present in batches:
+        for k, u in enumerate(uuids):
+            if u is not None and present[k]:
+                out[u] = values[bounds[k] : bounds[k + 1]]
+    return out
+
+
+_Batch = tuple[list[str | None], np.ndarray, list[int], list[bool]]
+
+
+def _read_batches(path: Path) -> list[_Batch]:
+    """The stream a block at a time (pyarrow's streaming JSON reader): each block's ids are
+    made int32 arrays before the next is parsed, so the peak is the result plus one block."""
+    reader = pa_json.open_json(path, parse_options=pa_json.ParseOptions(_SCHEMA))
+    return [_int_batch(b) for b in reader]
+
+
+def _int_batch(batch: pa.RecordBatch) -> _Batch:
+    ids = batch.column("token_ids")
+    values = ids.flatten().to_numpy(zero_copy_only=False)  # flatten: respects a slice
     if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
         values = values.astype(np.int32)
-    bounds = ids.offsets.to_numpy().tolist()
+    else:
+        values = values.copy()  # not a view of pyarrow's buffer
+    bounds = (ids.offsets.to_numpy() - ids.offsets[0].as_py()).tolist()
     present = ids.is_valid().to_numpy(zero_copy_only=False).tolist()
-    return {
-        u: values[bounds[k] : bounds[k + 1]]
-        for k, u in enumerate(uuids)
-        if u is not None and present[k]
-    }
+    return batch.column("request_uuid").to_pylist(), values, bounds, present
 
 
 _SCHEMA = pa.schema([("request_uuid", pa.string()), ("token_ids", pa.list_(pa.int64()))])
