@@ -3,56 +3,69 @@
 Builds a synthetic run without an engine: W workflows x C cycles x 4 PEER agents, each prompt a
 shared prefix + the agent's fixed part + a fresh suffix, with the BlockStored / BlockRemoved
 events an LRU cache of a given size would publish. Then times the ledger, per-request provenance
-and first-divergence passes that every run's finalize step does.
+and first-divergence passes that every run's finalize step does, and prints the process's peak
+RSS and its RSS once the run was built (the inputs: prompts as int32 arrays, events' tokens as
+views of them).
 
     .venv/bin/python bench/provenance.py --workflows 100 --cycles 3
 """
 
 import argparse
-import random
+import os
 import resource
 import time
 from collections import OrderedDict
+from typing import Any
 
+import numpy as np
+
+from kvscope.finalize.blockhash import prompt_blocks
 from kvscope.finalize.divergence import with_divergence
-from kvscope.finalize.provenance import build_ledger, chain_key, provenance
+from kvscope.finalize.provenance import build_ledger, provenance
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")
 BLOCK = 128
+SUFFIX = 300
+
+Run = tuple[list[dict[str, Any]], dict[str, np.ndarray], list[tuple[KvBatch, KvEvent]]]
 
 
-def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0):
-    rng = random.Random(seed)
-    shared = [rng.randrange(50_000) for _ in range(4 * BLOCK)]
-    fixed = {a: [rng.randrange(50_000) for _ in range(3 * BLOCK)] for a in AGENTS}
+def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0) -> Run:
+    """The run's request rows, prompt tokens (request_uuid -> int32 array) and KV events."""
+    rng = np.random.default_rng(seed)
+    n = workflows * cycles * len(AGENTS)
+    shared = rng.integers(50_000, size=4 * BLOCK, dtype=np.int32)
+    fixed = rng.integers(50_000, size=(len(AGENTS), 3 * BLOCK), dtype=np.int32)
+    head = np.concatenate([np.broadcast_to(shared, (len(AGENTS), len(shared))), fixed], axis=1)
+    prompts = np.empty((n, head.shape[1] + SUFFIX), dtype=np.int32)
+    prompts[:, : head.shape[1]] = np.tile(head, (n // len(AGENTS), 1))
+    prompts[:, head.shape[1] :] = rng.integers(50_000, size=(n, SUFFIX), dtype=np.int32)
+    keys, _, offsets = prompt_blocks(prompts, BLOCK)
+    key_list, bounds = keys.tolist(), offsets.tolist()
     rows, tokens, events = [], {}, []
     cache: OrderedDict[int, None] = OrderedDict()  # block hash -> None, LRU order
-    t, seq = 0, 0
+    j = 0
     for c in range(cycles):
         for w in range(workflows):
             for i, agent in enumerate(AGENTS):
-                uuid = f"w{w}-c{c}-{agent}"
-                ids = shared + fixed[agent] + [rng.randrange(50_000) for _ in range(300)]
-                keys, parent = [], 0
-                for s in range(0, len(ids) - BLOCK + 1, BLOCK):
-                    parent = chain_key(parent, ids[s : s + BLOCK])
-                    keys.append(parent)
+                uuid, t = f"w{w}-c{c}-{agent}", 10 * j
+                mine = key_list[bounds[j] : bounds[j + 1]]
                 hit = 0
-                while hit < len(keys) and keys[hit] in cache:
-                    cache.move_to_end(keys[hit])
+                while hit < len(mine) and mine[hit] in cache:
+                    cache.move_to_end(mine[hit])
                     hit += 1
-                new = keys[hit:]
+                new = mine[hit:]
                 removed = []
                 while len(cache) + len(new) > capacity_blocks and cache:
                     removed.append(cache.popitem(last=False)[0])
-                batch = KvBatch(seq=seq, ts_ns=t + 5)
+                batch = KvBatch(seq=j, ts_ns=t + 5)
                 if removed:
                     events.append((batch, KvEvent("removed", tuple(removed))))
                 if new:
                     events.append((batch, KvEvent(
-                        "stored", tuple(new), keys[hit - 1] if hit else None,
-                        tuple(ids[hit * BLOCK : len(keys) * BLOCK]), BLOCK, "GPU", uuid,
+                        "stored", tuple(new), mine[hit - 1] if hit else None,
+                        prompts[j, hit * BLOCK : len(mine) * BLOCK], BLOCK, "GPU", uuid,
                     )))  # fmt: skip
                 for k in new:
                     cache[k] = None
@@ -60,11 +73,16 @@ def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0):
                     "request_uuid": uuid, "workflow_run_id": f"w{w}", "agent_id": agent,
                     "turn_id": c + 1, "previous_agent_id": AGENTS[i - 1] if i or c else None,
                     "start_ns": t, "end_ns": t + 9, "status": "ok", "queue_ms": None,
-                    "prompt_tokens": len(ids), "cached_tokens": hit * BLOCK,
+                    "prompt_tokens": prompts.shape[1], "cached_tokens": hit * BLOCK,
                 })  # fmt: skip
-                tokens[uuid] = ids
-                t, seq = t + 10, seq + 1
+                tokens[uuid] = prompts[j]
+                j += 1
     return rows, tokens, events
+
+
+def rss_mib() -> float:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def main() -> None:
@@ -75,6 +93,7 @@ def main() -> None:
     a = p.parse_args()
     t0 = time.perf_counter()
     rows, tokens, events = synthetic(a.workflows, a.cycles, a.capacity_blocks)
+    built = rss_mib()
     t1 = time.perf_counter()
     ledger = build_ledger(events)
     t2 = time.perf_counter()
@@ -88,11 +107,13 @@ def main() -> None:
     n_tokens = sum(map(len, tokens.values()))
     print(f"requests {len(rows):,}  prompt tokens {n_tokens:,}  block lives {len(ledger.lives):,}"
           f"  evicted {evicted:,}  harmful {harmful:,}")  # fmt: skip
-    print(f"build (not timed work): {t1 - t0:.2f} s")
+    print(f"build (not timed work): {t1 - t0:.2f} s, RSS then {built:,.0f} MiB")
     print(f"ledger     {t2 - t1:6.2f} s")
-    print(f"provenance {t3 - t2:6.2f} s  ({(t3 - t2) / len(rows) * 1e3:.2f} ms / request)")
+    print(f"provenance {t3 - t2:6.2f} s  ({(t3 - t2) / len(rows) * 1e3:.3f} ms / request)")
     print(f"divergence {t4 - t3:6.2f} s")
-    print(f"peak RSS   {peak:,.0f} MiB")
+    print(f"total      {t4 - t1:6.2f} s  ({(t4 - t1) / len(rows) * 1e3:.3f} ms / request)")
+    print(f"peak RSS   {peak:,.0f} MiB  (above the built run: {peak - built:,.0f} MiB)")
+    print(f"load       {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

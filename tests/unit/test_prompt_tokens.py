@@ -3,13 +3,14 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kvscope.finalize.divergence import with_divergence
 from kvscope.probe.tokens import ChatTokenizer, token_hash
 from kvscope.records.metrics import instant_series_jsonl
-from kvscope.records.tokens import PrefixIndex, common_prefix
+from kvscope.records.tokens import TOKENS_JSONL, PrefixIndex, common_prefix, load_tokens
 
 # SmolLM2-135M-Instruct's chat template, as the model folder ships it.
 TEMPLATE = (
@@ -109,3 +110,19 @@ def test_instant_series_jsonl_skips_a_torn_line(tmp_path: Path) -> None:
     )  # fmt: skip
     series = instant_series_jsonl(path)
     assert series == {"kv_used_tokens": [(1, 5.0), (2, 10.0)], "running_requests": [(1, 1)]}
+
+
+def test_load_tokens_as_int_arrays(tmp_path: Path) -> None:
+    lines = [
+        {"request_uuid": "a", "token_ids": [1, 2, 3]},
+        {"request_uuid": "b", "token_ids": []},
+        {"request_uuid": "a", "token_ids": [4]},  # written twice: the last line counts
+    ]
+    path = tmp_path / TOKENS_JSONL
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = load_tokens(tmp_path)
+    assert {u: a.tolist() for u, a in got.items()} == {"a": [4], "b": []}
+    assert got["a"].dtype == np.int32
+    path.write_text(json.dumps({"request_uuid": "c", "token_ids": [2**40]}) + "\n")
+    assert load_tokens(tmp_path)["c"].tolist() == [2**40]  # too wide for int32: int64
+    assert load_tokens(tmp_path / "none") == {}

@@ -143,3 +143,28 @@ def test_concurrent_duplicate_is_cold_not_layout() -> None:
     res = provenance(rows, TOKENS, build_ledger(EVENTS[:1]))
     b = next(r for r in res.rows if r["request_uuid"] == "B")
     assert (b["uncached_layout_tokens"], b["uncached_cold_tokens"]) == (0, 13)
+
+
+def test_layout_found_at_a_non_block_offset_and_only_in_earlier_prompts() -> None:
+    # E holds [3, 4, 5, 6] at offset 2; F's second block is those tokens, block-aligned in F, so
+    # they were computed before behind another prefix (layout); G's [7, 7, 7, 7] was never seen.
+    tokens = {"E": [1, 2, 3, 4, 5, 6], "F": [8, 8, 8, 8, 3, 4, 5, 6], "G": [7, 7, 7, 7, 3]}
+    rows = [
+        {**row("A", "w", "planner", None, t, 0), "request_uuid": u, "prompt_tokens": len(ids)}
+        for t, (u, ids) in zip((0, 20, 40), tokens.items(), strict=True)
+    ]
+    events = [(batch(0, 1), stored([21], None, [1, 2, 3, 4], "E"))]
+    r = {x["request_uuid"]: x for x in provenance(rows, tokens, build_ledger(events)).rows}
+    assert (r["F"]["uncached_layout_tokens"], r["F"]["uncached_cold_tokens"]) == (4, 4)
+    assert (r["G"]["uncached_layout_tokens"], r["G"]["uncached_cold_tokens"]) == (0, 5)
+    assert r["E"]["uncached_layout_tokens"] == 0  # its own windows do not count
+
+
+def test_blocks_of_another_size_or_partial_never_match_prompts() -> None:
+    ledger = build_ledger([
+        (batch(0, 1), stored([1, 2], None, S[:7], "A")),  # the second block is 3 tokens
+        (batch(1, 2), KvEvent("stored", (3,), 2, (9, 9, 9, 9), 4, "GPU", "A")),
+    ])  # fmt: skip
+    first, partial, child = ledger.lives
+    assert first.key is not None and first.key >= 0 and (partial.tokens, child.tokens) == (3, 4)
+    assert partial.key == child.key == -1 and ledger.orphan_blocks == 0

@@ -9,27 +9,35 @@ reuse the prompt layout allows, whatever the cache does.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvscope.records.tokens import PrefixIndex, common_prefix
+import numpy as np
+
+from kvscope.finalize.gcpause import without_gc
+from kvscope.records.tokens import common_prefix, longest_with_earlier
 
 Row = dict[str, Any]
 
 
-def with_divergence(rows: Sequence[Row], tokens: Mapping[str, Sequence[int]]) -> list[Row]:
-    index = PrefixIndex()
-    last_call: dict[str, Sequence[int]] = {}  # workflow -> its latest prompt
-    last_agent: dict[tuple[str, str], Sequence[int]] = {}  # (workflow, agent) -> latest prompt
+@without_gc
+def with_divergence(
+    rows: Sequence[Row], tokens: Mapping[str, Sequence[int] | np.ndarray]
+) -> list[Row]:
+    """The rows with the three columns filled where the request's prompt tokens are known."""
+    order = [
+        r for r in sorted(rows, key=lambda r: r["start_ns"])
+        if tokens.get(r["request_uuid"]) is not None
+    ]  # fmt: skip
+    prompts = [np.asarray(tokens[r["request_uuid"]]) for r in order]
+    longest = longest_with_earlier(prompts)
+    last_call: dict[str, np.ndarray] = {}  # workflow -> its latest prompt
+    last_agent: dict[tuple[str, str], np.ndarray] = {}  # (workflow, agent) -> latest prompt
     out: dict[str, Row] = {}
-    for r in sorted(rows, key=lambda r: r["start_ns"]):
-        ids = tokens.get(r["request_uuid"])
-        if ids is None:
-            continue
+    for r, ids, reuse in zip(order, prompts, longest, strict=True):
         wf, agent = r["workflow_run_id"], r["agent_id"]
         same, prev = last_agent.get((wf, agent)), last_call.get(wf)
         out[r["request_uuid"]] = r | {
             "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
             "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
-            "max_reusable_tokens": index.longest(ids),
+            "max_reusable_tokens": reuse,
         }
-        index.add(ids)
         last_call[wf] = last_agent[(wf, agent)] = ids
     return [out.get(r["request_uuid"], r) for r in rows]

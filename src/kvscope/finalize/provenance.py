@@ -10,6 +10,12 @@ request_uuid) and otherwise the in-flight request whose prompt holds that prefix
 a removed block is inferred, never observed (engines publish no cause): the requests whose new
 blocks were stored in the same scheduler step, else the request that started last among those
 in flight. Both are marked as inferred in the output.
+
+Uncached blocks are evicted (every earlier life of the key was removed by then), cold (a prompt
+that started earlier holds the same prefix: it was still being computed) or layout (a prompt
+that started earlier held the block's tokens at any offset, behind another prefix), else cold.
+Keys and hashes come from finalize.blockhash (numpy); the layout check is answered for all
+requests at once after the pass, keeping only the windows whose hash some check asks for.
 """
 
 from bisect import bisect_right
@@ -18,18 +24,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.records.blocks import BlockRecord
+import numpy as np
+
+from kvscope.finalize import blockhash, keylives
+from kvscope.finalize.blockhash import Tokens
+from kvscope.finalize.gcpause import without_gc
+from kvscope.finalize.keylives import KeyLives
 from kvscope.records.kv_events import KvBatch, KvEvent
 from kvscope.records.requests import STATUS_OK, transition_label
 
 _ROOT = 0
-_MOD = (1 << 61) - 1  # rolling hash modulus (a Mersenne prime)
-_BASE = 1_000_003
+_UNMATCHABLE = -1  # the key of a block no prompt block can equal (a partial or odd-sized chunk)
 
 Row = dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class BlockLife:
     block_hash: int
     key: int | None  # prefix key; None when the parent was never seen
@@ -54,28 +64,18 @@ class Ledger:
     orphan_blocks: int  # stored with a parent never seen: no prefix key, never matched
 
 
-def chain_key(parent: int, chunk: Sequence[int]) -> int:
-    return hash((parent, tuple(chunk)))
-
-
-def prompt_keys(ids: Sequence[int], block_size: int) -> list[int]:
-    """The prefix keys of a prompt's full blocks."""
-    keys, parent = [], _ROOT
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        parent = chain_key(parent, ids[start : start + block_size])
-        keys.append(parent)
-    return keys
-
-
+@without_gc
 def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
     """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
+    events = list(events)
+    hashes = _stored_hashes(events)
     lives: list[BlockLife] = []
     alive: dict[int, BlockLife] = {}
     block_size: int | None = None
     orphans = 0
     step_stores: dict[int, list[str]] = defaultdict(list)  # seq -> session_ids stored then
     removed_in: list[tuple[BlockLife, int]] = []
-    for batch, e in events:
+    for n, (batch, e) in enumerate(events):
         ts, seq = batch.ts_ns, batch.seq
         if e.kind == "stored":
             size = e.block_size or block_size
@@ -84,11 +84,15 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
                 continue
             parent = e.parent_block_hash
             key: int | None = _ROOT if parent is None else _key_of(alive, parent)
+            mine, n_tokens = hashes.get(n, []), len(e.token_ids)
+            mult = blockhash.multiplier(size)  # key = chain(key, hash, size), inlined
             for i, h in enumerate(e.block_hashes):
-                chunk = e.token_ids[i * size : (i + 1) * size]
-                key = None if key is None else chain_key(key, chunk)
+                tokens = max(min(size, n_tokens - i * size), 0)
+                if key is not None:
+                    full = i < len(mine) and key != _UNMATCHABLE
+                    key = (key * mult + mine[i]) & blockhash.MASK if full else _UNMATCHABLE
                 orphans += key is None
-                life = BlockLife(h, key, len(chunk), ts, seq, e.session_id)
+                life = BlockLife(h, key, tokens, ts, seq, e.session_id)
                 alive[h] = life
                 lives.append(life)
             if e.session_id:
@@ -103,11 +107,32 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
             for life in alive.values():
                 life.removed_ns, life.removal = ts, "cleared"
             alive.clear()
+    first_store = {seq: stores[0] for seq, stores in step_stores.items()}  # all non-empty
     for life, seq in removed_in:
-        stores = [s for s in step_stores.get(seq, ()) if s]
-        if stores:
-            life.evictor, life.evictor_method = stores[0], "same-step store"
+        if seq in first_store:
+            life.evictor, life.evictor_method = first_store[seq], "same-step store"
     return Ledger(lives, block_size, orphans)
+
+
+def _stored_hashes(events: Sequence[tuple[KvBatch, KvEvent]]) -> dict[int, list[int]]:
+    """Event index -> the hashes of its full blocks of the ledger's block size, in one batch.
+
+    The ledger's block size is the first stored event's that has one; an event of another size
+    gets none (its blocks can never match a prompt's)."""
+    size = next((e.block_size for _, e in events if e.kind == "stored" and e.block_size), None)
+    if size is None:
+        return {}
+    which = [
+        n for n, (_, e) in enumerate(events)
+        if e.kind == "stored" and e.block_size in (None, size) and len(e.token_ids) >= size
+    ]  # fmt: skip
+    chunks = []
+    for n in which:
+        e = events[n][1]
+        chunks.append(e.token_ids[: min(len(e.token_ids) // size, len(e.block_hashes)) * size])
+    _, flat, offsets = blockhash.prompt_blocks(chunks, size)
+    flat_list, bounds = flat.tolist(), offsets.tolist()
+    return {n: flat_list[bounds[j] : bounds[j + 1]] for j, n in enumerate(which)}
 
 
 def _key_of(alive: Mapping[int, BlockLife], parent: int) -> int | None:
@@ -122,9 +147,32 @@ class Provenance:
     skipped: dict[str, int]  # requests left null, by reason
 
 
-def provenance(
-    rows: Sequence[Row], tokens: Mapping[str, Sequence[int]], ledger: Ledger
-) -> Provenance:
+@dataclass(frozen=True)
+class _Prompts:
+    """The prompts with tokens, in start order, as flat block arrays (blockhash.prompt_blocks)."""
+
+    listed: list[Tokens]  # their token ids
+    position: list[int]  # index in the start order of each prompt
+    keys: list[int]  # chained prefix keys, flat
+    hashes: np.ndarray  # the blocks' own hashes, flat
+    offsets: list[int]  # prompt j's blocks are [offsets[j], offsets[j + 1])
+    seen_before: list[bool]  # a prompt that started earlier holds the same prefix key
+
+
+def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
+    position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
+    listed = [tokens[order[p]["request_uuid"]] for p in position]
+    keys, hashes, offsets = blockhash.prompt_blocks(listed, size)
+    holder = np.repeat(np.arange(len(listed)), np.diff(offsets))
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    first = np.full(len(uniq), len(listed), dtype=np.int64)
+    np.minimum.at(first, inverse, holder)
+    seen = (first[inverse] < holder).tolist()
+    return _Prompts(listed, position, keys.tolist(), hashes, offsets.tolist(), seen)
+
+
+@without_gc
+def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger) -> Provenance:
     """Per-request provenance columns and the block table (owners, evictors, harm)."""
     size = ledger.block_size
     by_uuid = {r["request_uuid"]: r for r in rows}
@@ -132,35 +180,47 @@ def provenance(
     if size is None:
         return Provenance(list(rows), [], {"no stored blocks": len(rows)})
     order = sorted(rows, key=lambda r: r["start_ns"])
-    keys = {u: prompt_keys(ids, size) for u, ids in tokens.items()}
-    _attribute_owners(ledger, order, keys, by_uuid)
+    prompts = _prompts(order, tokens, size)
+    _attribute_owners(ledger, order, prompts)
     _infer_evictors(ledger, order, by_uuid)
-    by_key: dict[int, list[BlockLife]] = defaultdict(list)
-    for life in ledger.lives:
-        if life.key is not None:
-            by_key[life.key].append(life)
-    seen = _Windows(size)
-    seen_keys: set[int] = set()  # prefixes of prompts that started earlier
-    out: dict[str, Row] = {}
-    for r in order:
+    by_key = keylives.by_key((x.key, x) for x in ledger.lives if x.key is not None)
+    asks: list[int] = []  # flat blocks to look for in earlier prompts' windows
+    asker: list[int] = []  # the index in `done` of the request asking
+    done: list[tuple[Row, dict[str, int]]] = []
+    j = 0
+    for p, r in enumerate(order):
         ids = tokens.get(r["request_uuid"])
         reason = _unusable(r, ids)
         if reason is None:
-            assert ids is not None
-            mine = keys[r["request_uuid"]]
-            out[r["request_uuid"]] = r | _classify(
-                r, ids, mine, by_key, by_uuid, (seen, seen_keys), size
-            )
+            while prompts.position[j] != p:
+                j += 1
+            lo, hi = prompts.offsets[j], prompts.offsets[j + 1]
+            counts, mine = _classify(r, prompts, lo, hi, by_key, by_uuid, size)
+            asker.extend([len(done)] * len(mine))
+            asks.extend(mine)
+            done.append((r, counts))
         else:
             skipped[reason] += 1
-        if ids is not None:
-            seen.add(ids)
-            seen_keys.update(keys[r["request_uuid"]])
+    layout = _layout_blocks(prompts, size, asks, asker, len(done))
+    out = {r["request_uuid"]: r | _columns(r, c, layout[n] * size) for n, (r, c) in enumerate(done)}
     result = [out.get(r["request_uuid"], r) for r in rows]
     return Provenance(result, [_block_row(b, by_uuid) for b in ledger.lives], dict(skipped))
 
 
-def _unusable(r: Row, ids: Sequence[int] | None) -> str | None:
+def _layout_blocks(
+    prompts: _Prompts, size: int, asks: list[int], asker: list[int], n: int
+) -> list[int]:
+    """Per request, its blocks whose tokens an earlier prompt held at another offset."""
+    if not asks:
+        return [0] * n
+    flat = np.array(asks, dtype=np.int64)
+    holder = np.searchsorted(np.array(prompts.offsets), flat, side="right") - 1
+    first = blockhash.first_windows(prompts.listed, size, prompts.hashes[flat])
+    found = first < holder
+    return np.bincount(np.array(asker)[found], minlength=n).tolist()
+
+
+def _unusable(r: Row, ids: Tokens | None) -> str | None:
     if r["status"] != STATUS_OK:
         return "failed request"
     if ids is None:
@@ -179,37 +239,45 @@ def _admitted(r: Row) -> int:
 
 def _classify(
     r: Row,
-    ids: Sequence[int],
-    keys: list[int],
-    by_key: Mapping[int, list[BlockLife]],
+    prompts: _Prompts,
+    lo: int,
+    hi: int,
+    by_key: Mapping[int, KeyLives[BlockLife]],
     by_uuid: Mapping[str, Row],
-    seen: tuple["_Windows", set[int]],
     size: int,
-) -> Row:
-    cached, prompt = r["cached_tokens"], r["prompt_tokens"]
+) -> tuple[dict[str, int], list[int]]:
+    """The cached split and evicted tokens, and the blocks left for the layout check (flat)."""
+    cached = r["cached_tokens"]
+    keys = prompts.keys[lo:hi]
     t = _admitted(r)
     counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
     hit_blocks = min(cached // size, len(keys))
     for i in range(hit_blocks):
-        life = _resident(by_key.get(keys[i], ()), t)
+        lives = by_key.get(keys[i])
+        life = lives.resident(t) if lives else None
         if life is None or life.owner is None or life.owner == r["request_uuid"]:
             counts["unattributed"] += size
             continue
         life.hits.append(r["request_uuid"])
         counts[_relation(r, by_uuid.get(life.owner))] += size
     counts["unattributed"] += cached - hit_blocks * size
-    evicted = layout = 0
+    counts["evicted"] = 0
+    asks = []
     for i in range(hit_blocks, len(keys)):
-        before = [b for b in by_key.get(keys[i], ()) if b.stored_ns <= t]
-        if before and all(b.removed_ns is not None and b.removed_ns <= t for b in before):
-            before[-1].needed_by.append(r["request_uuid"])
-            evicted += size
-        elif keys[i] in seen[1]:
-            continue  # the same prefix was being computed by a request in flight: cold
-        elif seen[0].contains(ids[i * size : (i + 1) * size]):
-            layout += size
-    uncached = max(prompt - cached, 0)
-    evicted, layout = min(evicted, uncached), min(layout, max(uncached - evicted, 0))
+        lives = by_key.get(keys[i])
+        last = lives.evicted_before(t) if lives else None
+        if last is not None:
+            last.needed_by.append(r["request_uuid"])
+            counts["evicted"] += size
+        elif not prompts.seen_before[lo + i]:  # else: computed by a request in flight: cold
+            asks.append(lo + i)
+    return counts, asks
+
+
+def _columns(r: Row, counts: Mapping[str, int], layout: int) -> Row:
+    uncached = max(r["prompt_tokens"] - r["cached_tokens"], 0)
+    evicted = min(counts["evicted"], uncached)
+    layout = min(layout, max(uncached - evicted, 0))
     return {
         "cached_self_tokens": counts["self"],
         "cached_cross_agent_tokens": counts["cross_agent"],
@@ -221,14 +289,6 @@ def _classify(
     }
 
 
-def _resident(lives: Sequence[BlockLife], t: int) -> BlockLife | None:
-    """The life of a block that was in the cache at time t (the latest stored before t)."""
-    for life in reversed(lives):
-        if life.stored_ns <= t and (life.removed_ns is None or life.removed_ns > t):
-            return life
-    return None
-
-
 def _relation(r: Row, owner: Row | None) -> str:
     if owner is None:
         return "unattributed"
@@ -237,18 +297,27 @@ def _relation(r: Row, owner: Row | None) -> str:
     return "self" if owner["agent_id"] == r["agent_id"] else "cross_agent"
 
 
-def _attribute_owners(
-    ledger: Ledger, order: Sequence[Row], keys: Mapping[str, list[int]], by_uuid: Mapping[str, Row]
-) -> None:
+def _attribute_owners(ledger: Ledger, order: Sequence[Row], prompts: _Prompts) -> None:
+    uuids = {r["request_uuid"] for r in order}
+    wanted = {x.key for x in ledger.lives if x.session_id not in uuids and x.key is not None}
+    holders: dict[int, list[int]] = defaultdict(list)  # key -> start positions holding it
+    if wanted:
+        for j, p in enumerate(prompts.position):
+            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]]:
+                if k in wanted and (not holders[k] or holders[k][-1] != p):
+                    holders[k].append(p)
     starts = [r["start_ns"] for r in order]
     for life in ledger.lives:
-        if life.session_id in by_uuid:
+        if life.session_id in uuids:
             life.owner, life.attribution = life.session_id, "session_id"
         elif life.key is not None:
             # The earliest-started in-flight request whose prompt holds this prefix.
-            for r in order[: bisect_right(starts, life.stored_ns)]:
-                if r["end_ns"] >= life.stored_ns and life.key in keys.get(r["request_uuid"], ()):
-                    life.owner, life.attribution = r["request_uuid"], "tokens"
+            bound = bisect_right(starts, life.stored_ns)
+            for p in holders.get(life.key, ()):
+                if p >= bound:
+                    break
+                if order[p]["end_ns"] >= life.stored_ns:
+                    life.owner, life.attribution = order[p]["request_uuid"], "tokens"
                     break
 
 
@@ -260,71 +329,43 @@ def _infer_evictors(ledger: Ledger, order: Sequence[Row], by_uuid: Mapping[str, 
         if life.evictor is not None and life.evictor not in by_uuid:
             life.evictor, life.evictor_method = None, None  # a request of another run
         if life.evictor is None:
-            flying = [
-                r for r in order[: bisect_right(starts, life.removed_ns or 0)]
-                if r["end_ns"] >= (life.removed_ns or 0)
-            ]  # fmt: skip
-            if flying:
-                life.evictor, life.evictor_method = flying[-1]["request_uuid"], "in flight"
+            t = life.removed_ns or 0
+            # The request that started last among those in flight at t.
+            for p in range(bisect_right(starts, t) - 1, -1, -1):
+                if order[p]["end_ns"] >= t:
+                    life.evictor, life.evictor_method = order[p]["request_uuid"], "in flight"
+                    break
 
 
 def _block_row(b: BlockLife, by_uuid: Mapping[str, Row]) -> Row:
+    """A records.blocks.BlockRecord's to_dict(), built directly (one per block life)."""
     owner, evictor = by_uuid.get(b.owner or ""), by_uuid.get(b.evictor or "")
     needer = by_uuid.get(b.needed_by[0]) if b.needed_by else None
     harmful = b.removal == "evicted" and bool(b.needed_by)
-    return BlockRecord(
-        block_hash=b.block_hash,
-        tokens=b.tokens,
-        stored_ns=b.stored_ns,
-        removed_ns=b.removed_ns,
-        removal=b.removal,
-        residency_ms=None if b.removed_ns is None else (b.removed_ns - b.stored_ns) / 1e6,
-        owner_request_uuid=b.owner,
-        owner_agent_id=owner["agent_id"] if owner else None,
-        owner_workflow_run_id=owner["workflow_run_id"] if owner else None,
-        owner_turn_id=owner["turn_id"] if owner else None,
-        attribution=b.attribution,
-        hits=len(b.hits),
-        evictor_request_uuid=b.evictor,
-        evictor_agent_id=evictor["agent_id"] if evictor else None,
-        evictor_workflow_run_id=evictor["workflow_run_id"] if evictor else None,
-        evictor_inferred=b.evictor_method,
-        harmful=harmful,
-        recomputed_tokens=b.tokens * len(b.needed_by) if harmful else 0,
-        needed_by_request_uuid=needer["request_uuid"] if needer else None,
-        needed_by_agent_id=needer["agent_id"] if needer else None,
-        needed_by_transition=(
+    return {
+        "block_hash": b.block_hash,
+        "tokens": b.tokens,
+        "stored_ns": b.stored_ns,
+        "removed_ns": b.removed_ns,
+        "removal": b.removal,
+        "residency_ms": None if b.removed_ns is None else (b.removed_ns - b.stored_ns) / 1e6,
+        "owner_request_uuid": b.owner,
+        "owner_agent_id": owner["agent_id"] if owner else None,
+        "owner_workflow_run_id": owner["workflow_run_id"] if owner else None,
+        "owner_turn_id": owner["turn_id"] if owner else None,
+        "attribution": b.attribution,
+        "hits": len(b.hits),
+        "evictor_request_uuid": b.evictor,
+        "evictor_agent_id": evictor["agent_id"] if evictor else None,
+        "evictor_workflow_run_id": evictor["workflow_run_id"] if evictor else None,
+        "evictor_inferred": b.evictor_method,
+        "harmful": harmful,
+        "recomputed_tokens": b.tokens * len(b.needed_by) if harmful else 0,
+        "needed_by_request_uuid": needer["request_uuid"] if needer else None,
+        "needed_by_agent_id": needer["agent_id"] if needer else None,
+        "needed_by_transition": (
             transition_label(needer.get("previous_agent_id"), needer["agent_id"])
             if needer
             else None
         ),
-    ).to_dict()
-
-
-class _Windows:
-    """Every block-long token window of the prompts seen so far (rolling hash, O(L) a prompt)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.top = pow(_BASE, size - 1, _MOD)
-        self.hashes: set[int] = set()
-
-    def add(self, ids: Sequence[int]) -> None:
-        n = self.size
-        if len(ids) < n:
-            return
-        h = 0
-        for t in ids[:n]:
-            h = (h * _BASE + t + 1) % _MOD
-        self.hashes.add(h)
-        for i in range(n, len(ids)):
-            h = ((h - (ids[i - n] + 1) * self.top) * _BASE + ids[i] + 1) % _MOD
-            self.hashes.add(h)
-
-    def contains(self, chunk: Sequence[int]) -> bool:
-        if len(chunk) != self.size:
-            return False
-        h = 0
-        for t in chunk:
-            h = (h * _BASE + t + 1) % _MOD
-        return h in self.hashes
+    }

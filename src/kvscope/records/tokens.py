@@ -5,8 +5,13 @@ the prefix relation between token sequences that the first-divergence columns ar
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyarrow import json as pa_json
 
 from kvscope.records.base import read_jsonl, record_dict
 
@@ -22,38 +27,171 @@ class PromptTokenIds:
         return record_dict(self)
 
 
-def load_tokens(run_dir: Path) -> dict[str, list[int]]:
-    """request_uuid -> its prompt token ids; empty when the run has no stream."""
+def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
+    """request_uuid -> its prompt token ids, as integer arrays; empty when the run has no stream.
+
+    The arrays are views of a few flat arrays, int32 when every id fits (4 bytes a token, where
+    Python lists of ints took about 36). The stream is read by pyarrow's JSON reader; a stream
+    it cannot read (a line torn by a crash) is read line by line, skipping unreadable lines.
+    A request_uuid written twice keeps its last line.
+    """
     path = run_dir / TOKENS_JSONL
-    rows = read_jsonl(path)[0] if path.exists() else []
-    return {r["request_uuid"]: r["token_ids"] for r in rows}
+    if not path.exists():
+        return {}
+    try:
+        batches = _read_batches(path)
+    except pa.ArrowInvalid:
+        rows = read_jsonl(path)[0]
+        table = pa.Table.from_pylist(
+            [{k: r.get(k) for k in _SCHEMA.names} for r in rows], schema=_SCHEMA
+        )
+        batches = [_int_batch(b) for b in table.to_batches()]
+    out: dict[str, np.ndarray] = {}
+    for uuids, values, bounds, present in batches:
+        for k, u in enumerate(uuids):
+            if u is not None and present[k]:
+                out[u] = values[bounds[k] : bounds[k + 1]]
+    return out
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+_Batch = tuple[list[str | None], np.ndarray, list[int], list[bool]]
+
+
+def _read_batches(path: Path) -> list[_Batch]:
+    """The stream a block at a time (pyarrow's streaming JSON reader): each block's ids are
+    made int32 arrays before the next is parsed, so the peak is the result plus one block."""
+    reader = pa_json.open_json(path, parse_options=pa_json.ParseOptions(_SCHEMA))
+    return [_int_batch(b) for b in reader]
+
+
+def _int_batch(batch: pa.RecordBatch) -> _Batch:
+    ids = batch.column("token_ids")
+    values = ids.flatten().to_numpy(zero_copy_only=False)  # flatten: respects a slice
+    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
+        values = values.astype(np.int32)
+    else:
+        values = values.copy()  # not a view of pyarrow's buffer
+    bounds = (ids.offsets.to_numpy() - ids.offsets[0].as_py()).tolist()
+    present = ids.is_valid().to_numpy(zero_copy_only=False).tolist()
+    return batch.column("request_uuid").to_pylist(), values, bounds, present
+
+
+_SCHEMA = pa.schema([("request_uuid", pa.string()), ("token_ids", pa.list_(pa.int64()))])
+
+
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
     """Length of the longest common prefix: the first index where a and b differ."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if n == 0:
+        return 0
+    differ = np.asarray(a[:n]) != np.asarray(b[:n])
+    i = int(differ.argmax())  # the first True, or 0 when there is none
+    return i if differ[i] else n
+
+
+_KEY = np.dtype(">u4")  # big-endian: bytes compare as the token sequences do
+
+
+def _key(ids: Sequence[int] | np.ndarray) -> bytes:
+    a = np.asarray(ids)
+    if len(a) and (a.min() < 0 or a.max() > 0xFFFF_FFFF):
+        raise ValueError("PrefixIndex holds token ids in [0, 2**32)")
+    return a.astype(_KEY).tobytes()
 
 
 class PrefixIndex:
-    """Longest common prefix of a sequence with any sequence added before, in O(L log n).
+    """Longest common prefix of a sequence with any sequence added before, in O(L + log n).
 
     Among sorted sequences, the longest common prefix with a query is reached at the query's
-    sorted neighbours, so only two comparisons are needed per query.
+    sorted neighbours, so only two comparisons are needed per query. Sequences are held as
+    big-endian 4-byte token ids (4 bytes a token: ids must lie in [0, 2**32)), whose byte order
+    is the sequences' lexicographic order, so the search is bytes comparisons.
     """
 
     def __init__(self) -> None:
-        self._sorted: list[tuple[int, ...]] = []
+        self._sorted: list[bytes] = []
 
-    def longest(self, ids: Sequence[int]) -> int:
-        key = tuple(ids)
+    def longest(self, ids: Sequence[int] | np.ndarray) -> int:
+        key = _key(ids)
         i = bisect_left(self._sorted, key)
-        near = self._sorted[max(i - 1, 0) : i + 1]
-        return max((common_prefix(key, s) for s in near), default=0)
+        return max((_common_bytes(key, s) for s in self._sorted[max(i - 1, 0) : i + 1]), default=0)
 
-    def add(self, ids: Sequence[int]) -> None:
-        key = tuple(ids)
+    def add(self, ids: Sequence[int] | np.ndarray) -> None:
+        key = _key(ids)
         self._sorted.insert(bisect_left(self._sorted, key), key)
+
+
+def _common_bytes(a: bytes, b: bytes) -> int:
+    return common_prefix(np.frombuffer(a, dtype=_KEY), np.frombuffer(b, dtype=_KEY))
+
+
+def longest_with_earlier(
+    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = 256
+) -> list[int]:
+    """For each sequence, its longest common prefix with any sequence before it in the list:
+    PrefixIndex.longest then add for each in turn, all at once in O(L + n log n).
+
+    The sequences are sorted once; the longest common prefix of q with an earlier sequence is
+    reached at q's nearest earlier ones in sorted order (one on each side), and is the least
+    common prefix of the adjacent pairs between. The sort key of a sequence is the ranks of its
+    `chunk`-token pieces among all distinct pieces in lexicographic order (4 bytes a piece, the
+    last piece possibly shorter): the order of the sequences, in 4 / chunk bytes a token.
+    """
+    n = len(prompts)
+    arrays = [np.asarray(p) for p in prompts]
+    keys = _piece_keys(arrays, chunk)
+    by_key = sorted(range(n), key=keys.__getitem__)
+    adjacent = [0] * n  # adjacent[i]: the common prefix of sorted i - 1 and sorted i
+    for i in range(1, n):
+        a, b = by_key[i - 1], by_key[i]
+        j = min(_common_pieces(keys[a], keys[b]) * chunk, len(arrays[a]), len(arrays[b]))
+        adjacent[i] = j + common_prefix(arrays[a][j : j + chunk], arrays[b][j : j + chunk])
+    out = [0] * n
+    for side, step in ((range(n), 0), (range(n - 1, -1, -1), 1)):
+        # [list index, least adjacent common prefix from it to the entry above / the position]
+        stack: list[list[int]] = []
+        for i in side:
+            q = by_key[i]
+            if stack:
+                stack[-1][1] = min(stack[-1][1], adjacent[i + step])
+                while stack and stack[-1][0] > q:  # later than q: never nearest earlier again
+                    least = stack.pop()[1]
+                    if stack:
+                        stack[-1][1] = min(stack[-1][1], least)
+                if stack:
+                    out[q] = max(out[q], stack[-1][1])
+            stack.append([q, 1 << 62])
+    return out
+
+
+def _common_pieces(a: bytes, b: bytes) -> int:
+    """The leading 4-byte ids two piece keys share (keys are short: a loop beats numpy)."""
+    w, n = _KEY.itemsize, min(len(a), len(b))
+    k = 0
+    while k < n and a[k : k + w] == b[k : k + w]:
+        k += w
+    return k // w
+
+
+def _piece_keys(arrays: Sequence[np.ndarray], chunk: int, group: int = 512) -> list[bytes]:
+    """Each sequence's pieces' lexicographic ranks, as big-endian 4-byte ids (see the caller)."""
+    width = _KEY.itemsize * chunk
+    ranks: dict[bytes, int] = {}  # distinct piece -> its id, then its rank
+    ids: list[int] = []
+    bounds = [0]
+    for g in range(0, len(arrays), group):
+        some = [a for a in arrays[g : g + group] if len(a)]
+        flat = _key(np.concatenate(some)) if some else b""
+        end = 0
+        for a in arrays[g : g + group]:
+            start, end = end, end + _KEY.itemsize * len(a)
+            ids += [
+                ranks.setdefault(flat[s : min(s + width, end)], len(ranks))
+                for s in range(start, end, width)
+            ]
+            bounds.append(len(ids))
+    rank = np.empty(len(ranks), dtype=np.int64)
+    rank[[ranks[p] for p in sorted(ranks)]] = np.arange(len(ranks))
+    keys = rank[ids].astype(_KEY).tobytes()
+    w = _KEY.itemsize
+    return [keys[w * a : w * b] for a, b in pairwise(bounds)]
