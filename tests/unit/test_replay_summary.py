@@ -9,7 +9,7 @@ from helpers import ROOT
 
 from kvscope.errors import KvscopeError
 from kvscope.replay import plan
-from kvscope.replay.fidelity import NO_CAUSE, fidelity, overlaps
+from kvscope.replay.fidelity import NO_CAUSE, fidelity, nearest_start_gap, overlaps
 from kvscope.replay.result import SimResult
 from kvscope.replay.simulate import simulate
 from kvscope.replay.sources import Source, load_source
@@ -83,6 +83,7 @@ def test_overlaps_counts_requests_running_at_the_same_time() -> None:
     start, end = np.array([0.0, 1.0, 1.5, 5.0]), np.array([2.0, 3.0, 1.6, 6.0])
     assert list(overlaps(start, end)) == [2, 2, 2, 0]
     assert list(overlaps(np.array([0.0, 1.0]), np.array([1.0, 2.0]))) == [0, 0]  # back to back
+    assert list(nearest_start_gap(np.array([5.0, 0.0, 1.0]))) == [4.0, 1.0, 1.0]
 
 
 def test_fidelity_is_exact_where_the_replay_matches_and_says_why_elsewhere() -> None:
@@ -107,7 +108,9 @@ def test_fidelity_names_preemption_timing_and_token_mismatch() -> None:
     fid = fidelity(source, result)
     assert fid is not None and fid.exact == 1 and fid.weighted_difference == pytest.approx(2.0)
     reasons = {m.request_id: m.reasons for m in fid.mismatches}
-    assert reasons["b"] == ["timing (overlapped 1 other requests in time)"]
+    assert reasons["b"] == [
+        "timing (overlapped 1 other requests in time; the nearest start 1000.0 ms apart)"
+    ]
     assert reasons["c"][0].startswith("preempted") and "mismatched" in reasons["c"][1]
 
 

@@ -96,6 +96,19 @@ def overlaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.maximum(busy, 0)
 
 
+def nearest_start_gap(start: np.ndarray) -> np.ndarray:
+    """Per request, seconds to the closest start of another request (inf when alone): the
+    engine may take near-simultaneous requests in another order than the trace's clocks."""
+    if len(start) < 2:
+        return np.full(len(start), np.inf)
+    order = np.argsort(start, kind="stable")
+    gaps = np.diff(start[order])
+    near = np.minimum(np.r_[np.inf, gaps], np.r_[gaps, np.inf])
+    out = np.empty(len(start))
+    out[order] = near
+    return out
+
+
 def fidelity(source: Source, result: SimResult) -> Fidelity | None:
     """The replay `result` against the engine's measurements; None when the trace has none."""
     trace = source.trace
@@ -109,13 +122,17 @@ def fidelity(source: Source, result: SimResult) -> Fidelity | None:
     total = int(m.sum())
     diff = int(np.abs(s - m).sum())
     busy = overlaps(trace.start_s, trace.end_s)
+    nearest = nearest_start_gap(trace.start_s)
     mismatches = []
     for i in np.flatnonzero(known & (simulated != np.nan_to_num(measured, nan=-1))):
         reasons = []
         if result.preempted[i]:
             reasons.append("preempted in the replay (the pool was pinned by running requests)")
         if busy[i]:
-            reasons.append(f"timing (overlapped {int(busy[i])} other requests in time)")
+            reasons.append(
+                f"timing (overlapped {int(busy[i])} other requests in time; the nearest start "
+                f"{1e3 * nearest[i]:.1f} ms apart)"
+            )
         if source.id_mismatch is not None and source.id_mismatch[i]:
             reasons.append("token ids mismatched (their count differs from prompt_tokens)")
         mismatches.append(
