@@ -105,3 +105,42 @@ def test_a_trace_needs_its_block_size_and_capacity(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--block-size" in result.output
     result = runner.invoke(app, ["replay", str(trace), "--block-size", "1"])
     assert result.exit_code == 2 and "--capacity-tokens" in result.output
+
+
+def _numbers(rows: list[dict]) -> list[dict]:
+    """The results without what depends on the source kind (timings, measured-only values)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "ttft_saved_ms")} for r in rows]
+
+
+def test_the_run_exported_as_both_trace_formats_replays_to_the_same_json(
+    run: Path, tmp_path: Path
+) -> None:
+    moon, toks = tmp_path / "m.jsonl", tmp_path / "t.jsonl"
+    sweep = ["--policy", "lru", "--capacity-tokens", "2048,3456,4096"]
+    args = ["replay", str(run), *sweep, "--no-write", "--json", str(tmp_path / "run.json")]
+    result = runner.invoke(app, [*args, "--to-mooncake", str(moon), "--to-tokens", str(toks)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "run.json").read_text())
+    assert len(rows) == 3 and all(r["ttft_saved_ms"] is not None for r in rows)
+    want = _numbers(rows)
+    for trace in (moon, toks):
+        out = tmp_path / f"{trace.stem}.out.json"
+        args = ["replay", str(trace), "--block-size", "128", *sweep, "--json", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        got = json.loads(out.read_text())
+        assert _numbers(got) == want, trace.name
+        assert all(r["ttft_saved_ms"] is None for r in got)  # nothing measured: null, not 0
+
+
+def test_a_token_id_export_needs_a_run_directory(tmp_path: Path) -> None:
+    trace = write_jsonl(mooncake_rows(load_source(PATHOLOGY)), tmp_path / "m.jsonl")
+    args = ["replay", str(trace), "--block-size", "128", "--capacity-tokens", "3456"]
+    result = runner.invoke(app, [*args, "--to-tokens", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and "--to-tokens needs a run directory" in result.output
+
+
+def test_a_replay_without_harmful_evictions_says_so(run: Path) -> None:
+    result = runner.invoke(app, ["replay", str(run), "--capacity-tokens", "65536", "--no-write"])
+    assert result.exit_code == 0, result.output
+    assert "harmful evictions: none in any replay" in result.output

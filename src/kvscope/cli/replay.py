@@ -8,7 +8,8 @@ evictions (evictor agent -> victim agent) and the TTFT the policy would save (fr
 fitted prefill cost per token; null when none could be fitted); on a run directory also the
 fidelity of the replay under the engine's own policy at the run's capacity. On a run directory
 the results are written as RUN/replay.json and RUN/replay.png (the report shows them) and logged
-to the run's MLflow run when it has one.
+to the run's MLflow run when it has one. `--to-mooncake` / `--to-tokens` also write the replayed
+requests in the two trace formats (replaying those gives the same results).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,10 +26,13 @@ from kvscope.cli.common import console, friendly
 from kvscope.cli.report import TRACKING_OPTION, mlflow_run_of
 from kvscope.errors import KvscopeError
 
+if TYPE_CHECKING:
+    from kvscope.replay.sources import Source
+
 PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 
 
-def _fit(source: Any) -> dict[str, Any] | None:
+def _fit(source: Source) -> dict[str, Any] | None:
     """The run's fitted prefill cost (analysis.latency.fit_prefill_cost) as a dict, or None."""
     if source.run_dir is None:
         return None
@@ -40,14 +44,12 @@ def _fit(source: Any) -> dict[str, Any] | None:
 
 
 def replay_document(
-    source_path: Path, policy: str | None, capacity_tokens: str | None, block_size: int | None
+    source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None
 ) -> dict[str, Any]:
-    """Load SOURCE, run every policy x capacity (with a progress bar when long): the document
-    that replay.json holds (report.replay_section describes it)."""
+    """Run every policy x capacity over the loaded SOURCE (with a progress bar when long): the
+    document that replay.json holds (report.replay_section describes it)."""
     from kvscope.replay.plan import make_plan, run_plan, split_list
-    from kvscope.replay.sources import load_source
 
-    source = load_source(source_path, block_size)
     plan = make_plan(source, split_list(policy), split_list(capacity_tokens))
     fit = _fit(source)
     steps = len(plan.policies) * len(plan.capacities)
@@ -80,6 +82,17 @@ def replay_document(
         "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),
         "results": [s.to_dict() for s in outcome.summaries],
     }
+
+
+def _export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> None:
+    """Write SOURCE's replayed requests as a Mooncake and/or a token-id trace (replay.convert)."""
+    from kvscope.replay.convert import mooncake_rows, token_rows, write_jsonl
+
+    for path, rows in ((to_mooncake, mooncake_rows), (to_tokens, token_rows)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl(rows(source), path)
+            console.print(f"written: {path}", highlight=False)
 
 
 def _write_run_files(run_dir: Path, doc: dict[str, Any], no_mlflow: bool, uri: str | None) -> None:
@@ -139,6 +152,14 @@ def replay(
     no_mlflow: Annotated[
         bool, typer.Option("--no-mlflow", help="Do not log to the run's MLflow run.")
     ] = False,
+    to_mooncake: Annotated[
+        Path | None,
+        typer.Option(help="Also write the replayed requests as a Mooncake trace (JSONL)."),
+    ] = None,
+    to_tokens: Annotated[
+        Path | None,
+        typer.Option(help="Also write them as a token-id trace (JSONL; run directories only)."),
+    ] = None,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
     """Replay SOURCE's requests under other eviction policies and KV capacities."""
@@ -147,12 +168,18 @@ def replay(
 
     if not console.is_terminal:
         console.width = max(console.width, 160)
-    doc = replay_document(source, policy, capacity_tokens, block_size)
+    from kvscope.replay.sources import load_source
+
+    loaded = load_source(source, block_size)
+    if to_tokens is not None and loaded.run_dir is None:
+        raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
+    doc = replay_document(loaded, source, policy, capacity_tokens)
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc["results"], indent=2))
         console.print(f"written: {json_out}", highlight=False)
+    _export(loaded, to_mooncake, to_tokens)
     if doc["kind"] == "run" and not no_write:
         _write_run_files(source, doc, no_mlflow, tracking_uri)

@@ -44,7 +44,8 @@ def replay_plot(results: Sequence[dict[str, Any]]) -> str | None:
             (r for r in results if r["policy"] == policy), key=lambda r: r["capacity_tokens"]
         )
         caps = [r["capacity_tokens"] for r in rows]
-        left.plot(caps, [r["hit_ratio"] or 0 for r in rows], marker="o", label=policy)
+        hits = [float("nan") if r["hit_ratio"] is None else r["hit_ratio"] for r in rows]
+        left.plot(caps, hits, marker="o", label=policy)  # null stays a gap, never 0
         style = _STYLES[policies.index(policy) % len(_STYLES)]
         for agent in agents:
             ys = [
@@ -113,7 +114,8 @@ def _grouped_table(results: Sequence[dict[str, Any]], key: str, title: str, head
     )
 
 
-def _harm_table(results: Sequence[dict[str, Any]]) -> Table:
+def _harm_table(results: Sequence[dict[str, Any]]) -> Table | None:
+    """Harm rows of every replay; None when no replay had one (a note says so instead)."""
     rows = [
         [
             _label(r),
@@ -124,11 +126,13 @@ def _harm_table(results: Sequence[dict[str, Any]]) -> Table:
         for r in results
         for h in r["harm"]
     ]
+    if not rows:
+        return None
     return Table(
         "harmful evictions: evictor agent -> victim agent",
         ["replay", "evictor -> victim", "blocks", "recomputed tokens"],
         rows,
-        "" if rows else "no harmful eviction in any replay",
+        "blocks recomputed because the evictor's allocation evicted what the victim stored",
         [True, True, False, False],
     )
 
@@ -210,6 +214,9 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
         if fit
         else "TTFT saved: null (no prefill cost could be fitted from the source)"
     )
+    harm = _harm_table(results)
+    if harm is None:
+        notes.append("harmful evictions: none in any replay")
     main = Section(
         "replay",
         "What-if replay: hit ratio per policy and capacity",
@@ -220,7 +227,7 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
             _results_table(results),
             _grouped_table(results, "per_agent", "per agent", "agent"),
             _grouped_table(results, "per_transition", "per transition", "transition"),
-            _harm_table(results),
+            *([harm] if harm else []),
         ],
         notes,
     )
