@@ -165,3 +165,15 @@ def test_a_trace_without_durations_releases_each_request_before_the_next(tmp_pat
         del row["end_timestamp"]
     trace = load_source(write_jsonl(rows, tmp_path / "m.jsonl"), block_size=128).trace
     assert not simulate(trace, "lru", 27).preempted.any()
+
+
+def test_an_attached_engine_is_replayed_with_its_detected_family(tmp_path: Path) -> None:
+    run = shutil.copytree(PATHOLOGY, tmp_path / "run")
+    info = json.loads((run / "run.json").read_text())
+    info["config"]["engine"]["kind"] = "attach"
+    (run / "run.json").write_text(json.dumps(info))
+    assert load_source(run).trace.engine == "vllm"  # environment.capabilities.family
+    info["environment"]["capabilities"]["family"] = None
+    (run / "run.json").write_text(json.dumps(info))
+    source = load_source(run)
+    assert source.trace.engine is None and "'attach'" in source.notes[0]

@@ -5,9 +5,10 @@ replay needs to say about it):
 
 - a run directory: every successful call with its exact prompt token ids (prompt_tokens.jsonl),
   started at start_ns + queue_ms (queue_ms null: at start_ns) and ended at end_ns, with its
-  agent, workflow and previous agent; the run's block size, KV capacity, engine and eviction
-  policy (run.json); the engine's measured cached tokens (null stays NaN). Calls that failed or
-  have no token ids are left out and counted in `excluded`.
+  agent, workflow and previous agent; the run's block size, KV capacity, engine (an attached
+  one's detected family) and eviction policy (run.json); the engine's measured cached tokens
+  (null stays NaN). Calls that failed or have no token ids are left out and counted in
+  `excluded`.
 - a Mooncake trace (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one
   id per block of `block_size` tokens; equal ids = equal block and prefix). Only the ids of
   full blocks become keys (a partial last block is never cached).
@@ -143,12 +144,23 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
             [math.nan if m is None else m for m in measured], dtype=np.float64
         ),
         capacity_tokens=int(capacity) if capacity else None,
-        engine=engine_cfg.get("kind"),
+        engine=_engine(info, notes),
     )
     mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
     return Source(
         "run", trace, run_dir, engine_cfg.get("eviction_policy"), excluded, mismatch, notes
     )
+
+
+def _engine(info: dict[str, Any], notes: list[str]) -> str | None:
+    """The run's engine semantics: the launched kind, or an attached engine's detected family."""
+    kind = ((info.get("config") or {}).get("engine") or {}).get("kind")
+    if kind in ("vllm", "sglang"):
+        return kind
+    family = ((info.get("environment") or {}).get("capabilities") or {}).get("family")
+    if family is None:
+        notes.append(f"engine {kind!r}: its kind was not detected, replayed as the default")
+    return family
 
 
 def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
