@@ -144,3 +144,21 @@ def test_a_replay_without_harmful_evictions_says_so(run: Path) -> None:
     result = runner.invoke(app, ["replay", str(run), "--capacity-tokens", "65536", "--no-write"])
     assert result.exit_code == 0, result.output
     assert "harmful evictions: none in any replay" in result.output
+
+
+def test_a_run_with_an_mlflow_run_gets_replay_json_and_png_logged(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from kvscope.probe.tracing import local_store_uri
+
+    runs_dir = tmp_path / "runs"
+    run = shutil.copytree(PATHOLOGY, runs_dir / "pathology")
+    bench = json.loads((run / "run.json").read_text())["benchmark_run_id"]
+    client = MlflowClient(local_store_uri(runs_dir))
+    exp = client.create_experiment("x", artifact_location=(runs_dir / "mlartifacts").as_uri())
+    run_id = client.create_run(exp, tags={"benchmark_run_id": bench}).info.run_id
+    result = runner.invoke(app, ["replay", str(run)])
+    assert result.exit_code == 0, result.output
+    assert f"logged to MLflow run {run_id}" in result.output
+    logged = {a.path for a in client.list_artifacts(run_id)}
+    assert {"replay.json", "replay.png"} <= logged
