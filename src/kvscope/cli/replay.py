@@ -102,7 +102,9 @@ def _write_run_files(run_dir: Path, doc: dict[str, Any], no_mlflow: bool, uri: s
 
     files = [run_dir / REPLAY_JSON]
     files[0].write_text(json.dumps(doc, indent=2))
-    if png := plots.write_png(replay_plot(doc["results"]), run_dir / REPLAY_PNG):
+    if png := plots.write_png(
+        replay_plot(doc["results"], doc["run_capacity_tokens"]), run_dir / REPLAY_PNG
+    ):
         files.append(png)
     console.print(f"written: {', '.join(str(f) for f in files)}", highlight=False)
     if no_mlflow:

@@ -3,8 +3,9 @@
 Built from a replay document (`kvscope replay` writes it as RUN/replay.json):
 {source, kind, block_size, fit, notes, fidelity, results: [replay.summary.Summary.to_dict()]}.
 `replay_sections(doc)` -> the Sections that both `print_section` and the HTML template draw;
-`replay_plot(results)` -> hit ratio vs capacity per policy (left) and per agent (right), as a
-data URI; `replay_section(run_dir)` -> the report's section, or a sentence saying how to get one.
+`replay_plot(results, run_capacity)` -> hit ratio vs capacity per policy (left) and per agent
+(right), the run's capacity marked, as a data URI; `replay_section(run_dir)` -> the report's
+sections, or [] when the run has no replay.json.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def _label(r: dict[str, Any]) -> str:
     return f"{r['policy']} @ {r['capacity_tokens']:,}"
 
 
-def replay_plot(results: Sequence[dict[str, Any]]) -> str | None:
-    """Hit ratio vs capacity tokens: per policy, and per agent (colour) and policy (line style)."""
+def replay_plot(results: Sequence[dict[str, Any]], run_capacity: int | None = None) -> str | None:
+    """Hit ratio vs capacity tokens: per policy, and per agent (colour) and policy (line style);
+    a dotted vertical line at `run_capacity` (the run's own KV capacity) when given."""
     if not results:
         return None
     policies = list(dict.fromkeys(r["policy"] for r in results))
@@ -60,6 +62,8 @@ def replay_plot(results: Sequence[dict[str, Any]]) -> str | None:
                 label=f"{agent} ({policy})",
             )
     for ax, title in ((left, "per policy"), (right, "per agent")):
+        if run_capacity:
+            ax.axvline(run_capacity, color="grey", linestyle=":", label="run's capacity")
         ax.set_xlabel("KV capacity (tokens)")
         ax.set_title(f"token-weighted hit ratio, {title}")
         ax.set_ylim(0, 1.02)
@@ -242,5 +246,8 @@ def replay_section(run_dir: Path) -> list[Section]:
     doc = json.loads(path.read_text())
     png = run_dir / REPLAY_PNG
     return replay_sections(
-        doc, plots.file_uri(png) if png.exists() else replay_plot(doc["results"])
+        doc,
+        plots.file_uri(png)
+        if png.exists()
+        else replay_plot(doc["results"], doc.get("run_capacity_tokens")),
     )
