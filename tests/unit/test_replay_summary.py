@@ -1,7 +1,10 @@
 """Replay summaries (hit ratios per agent and transition, harm by agent pair, TTFT saved),
 fidelity against the engine's measurements, and the choice of policies and capacities."""
 
+import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,3 +150,18 @@ def test_run_plan_replays_each_policy_and_capacity_and_the_fidelity_once() -> No
     out = plan.run_plan(source, plan.make_plan(source, ["lru"], ["2048", "3712"]))
     assert [s.capacity_tokens for s in out.summaries] == [2048, 3712]
     assert out.fidelity is not None and out.fidelity.capacity_tokens == 3456
+
+
+def test_fidelity_names_calls_left_out_of_the_replay(tmp_path: Path) -> None:
+    run = shutil.copytree(PATHOLOGY, tmp_path / "run")
+    tokens = [json.loads(line) for line in (run / "prompt_tokens.jsonl").open()]
+    del tokens[4]  # a call of the second cycle: its blocks only the engine had
+    (run / "prompt_tokens.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tokens))
+    source = load_source(run)
+    assert source.excluded_start_s is not None and len(source.excluded_start_s) == 1
+    fid = fidelity(source, simulate(source.trace, "lru", 29))
+    assert fid is not None and fid.mismatches
+    later = source.trace.start_s > source.excluded_start_s[0]
+    for m in fid.mismatches:
+        i = source.trace.request_ids.index(m.request_id)
+        assert later[i] and any(r.startswith("left-out calls ran before it") for r in m.reasons)

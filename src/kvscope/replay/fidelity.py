@@ -8,8 +8,10 @@ replay differs). Targets: exact_share >= EXACT_TARGET and weighted_difference <=
 
 Each differing request gets the causes found for it (`reasons`): preempted in the replay, ran
 while other requests were running (timing: the engine's interleaving of their steps is not in
-the trace), token ids that do not count its prompt_tokens. A difference with none of these is
-"no cause in the trace" (the simulator's rule or capacity differs from the engine's).
+the trace), token ids that do not count its prompt_tokens, calls left out of the replay (failed,
+or without token ids) that began before it (their blocks were in the engine's cache only).
+A difference with none of these is "no cause in the trace" (the simulator's rule or capacity
+differs from the engine's).
 """
 
 from __future__ import annotations
@@ -122,6 +124,12 @@ def fidelity(source: Source, result: SimResult) -> Fidelity | None:
     total = int(m.sum())
     diff = int(np.abs(s - m).sum())
     busy = overlaps(trace.start_s, trace.end_s)
+    left_out = source.excluded_start_s
+    before = (
+        np.zeros(len(trace), dtype=np.int64)
+        if left_out is None
+        else np.searchsorted(left_out, trace.start_s, side="left")
+    )
     nearest = nearest_start_gap(trace.start_s)
     mismatches = []
     for i in np.flatnonzero(known & (simulated != np.nan_to_num(measured, nan=-1))):
@@ -135,6 +143,11 @@ def fidelity(source: Source, result: SimResult) -> Fidelity | None:
             )
         if source.id_mismatch is not None and source.id_mismatch[i]:
             reasons.append("token ids mismatched (their count differs from prompt_tokens)")
+        if before[i]:
+            reasons.append(
+                f"left-out calls ran before it ({int(before[i])} failed or without token ids: "
+                "their blocks are not replayed)"
+            )
         mismatches.append(
             Mismatch(
                 trace.request_ids[i],

@@ -49,6 +49,8 @@ class Source:
     `policy`: the engine's own eviction policy (run directories only, else None).
     `excluded`: reason -> number of calls left out of the trace (run directories).
     `id_mismatch[i]`: request i's token ids do not count its prompt_tokens (None: not known).
+    `excluded_start_s`: when each left-out call began (seconds, the trace's clock; calls without
+    a clock are not in it): their blocks were in the engine's cache but are not replayed.
     `notes`: one-line facts to print with the replay.
     """
 
@@ -59,6 +61,7 @@ class Source:
     excluded: dict[str, int] = field(default_factory=dict)
     id_mismatch: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    excluded_start_s: np.ndarray | None = None
 
 
 def load_source(path: Path, block_size: int | None = None) -> Source:
@@ -115,10 +118,13 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
     tokens = load_tokens(run_dir)
     excluded: dict[str, int] = {}
     kept: list[dict[str, Any]] = []
+    left_out: list[float] = []
     for row in requests.load_table(run_dir).to_pylist():
         reason = _exclusion(row, tokens)
         if reason:
             excluded[reason] = excluded.get(reason, 0) + 1
+            if row.get("start_ns") is not None:
+                left_out.append(_start_s(row))
         else:
             kept.append(row)
     if not kept:
@@ -148,7 +154,14 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
     )
     mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
     return Source(
-        "run", trace, run_dir, engine_cfg.get("eviction_policy"), excluded, mismatch, notes
+        "run",
+        trace,
+        run_dir,
+        engine_cfg.get("eviction_policy"),
+        excluded,
+        mismatch,
+        notes,
+        np.sort(np.array(left_out, dtype=np.float64)),
     )
 
 
