@@ -8,6 +8,7 @@ import typer
 from kvscope.cli import analyze as analyze_commands
 from kvscope.cli import engine
 from kvscope.cli import profile as profile_command
+from kvscope.cli import replay as replay_command
 from kvscope.cli import report as report_commands
 from kvscope.cli import run as run_commands
 from kvscope.cli import sweep as sweep_commands
@@ -26,6 +27,7 @@ app.command("sweep")(sweep_commands.sweep)
 app.command("report")(report_commands.report)
 app.command("compare")(report_commands.compare)
 app.command("analyze")(analyze_commands.analyze)
+app.command("replay")(replay_command.replay)
 
 
 def main() -> None:

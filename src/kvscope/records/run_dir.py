@@ -28,6 +28,8 @@ TIMELINE_PNG = "timeline.png"
 EVICTIONS_PNG = "evictions.png"
 REPORT_HTML = "report.html"
 REPORT_ERROR = "report.error.txt"  # why report.html could not be written
+REPLAY_JSON = "replay.json"  # `kvscope replay RUN`: each policy x capacity, and fidelity
+REPLAY_PNG = "replay.png"  # its hit ratio vs capacity per policy and agent
 
 # What the MLflow run keeps (the JSONL streams are folded into their tables).
 ARTIFACTS = (
@@ -46,6 +48,8 @@ ARTIFACTS = (
     KV_SUMMARY,
     EVICTIONS_PNG,
     REPORT_HTML,
+    REPLAY_JSON,
+    REPLAY_PNG,
 )
 
 _STAMP = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{6}$")  # new_run's time and random suffix

@@ -13,6 +13,7 @@ from kvscope.records.run_dir import TIMELINE_PNG
 from kvscope.report import plots, sequences, timeline
 from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
+from kvscope.report.replay_section import replay_section
 from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
 
 
@@ -28,6 +29,7 @@ def run_sections(run: RunAnalysis) -> list[Section]:
         ttft(run),
         timeline_section(run),
         evictions(run),
+        *replay_section(run.run_dir),  # when `kvscope replay RUN` wrote replay.json
     ]
 
 

@@ -1,0 +1,129 @@
+"""What one `kvscope replay` runs: which policies at which capacities, and running them.
+
+Policies: the user's list (an unknown name is a KvscopeError listing simulate.POLICIES), else
+the defaults: on a run directory the engine's own policy, steps-to-execution,
+predicted-next-agent and Belady; on a trace LRU and Belady. A default not registered in
+POLICIES yet is skipped with a note, so new policies join without a change here.
+Capacities: the user's list (tokens), else the run's capacity. Each is replayed as
+capacity_tokens // block_size blocks.
+Engine semantics: the trace's engine when simulate.ENGINES has it, else the simulator's default
+(said in a note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvscope.errors import KvscopeError
+from kvscope.replay.fidelity import Fidelity, fidelity
+from kvscope.replay.simulate import ENGINES, POLICIES, simulate
+from kvscope.replay.sources import Source
+from kvscope.replay.summary import Summary, summarize
+
+RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
+TRACE_DEFAULTS = ("lru", "belady")
+
+
+@dataclass(frozen=True)
+class Plan:
+    policies: list[str]
+    capacities: list[int]  # tokens
+    engine: str | None  # passed to simulate() when not None
+    notes: list[str]
+
+
+def split_list(text: str | None) -> list[str]:
+    """`a,b, c` -> ["a", "b", "c"]; None or "" -> []."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def choose_policies(requested: Sequence[str], source: Source) -> tuple[list[str], list[str]]:
+    """(policies, notes) as the module doc says."""
+    if requested:
+        if unknown := [p for p in requested if p not in POLICIES]:
+            raise KvscopeError(f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}")
+        return list(dict.fromkeys(requested)), []
+    if source.kind == "run":
+        own = source.policy or "lru"
+        defaults = [own, *RUN_DEFAULTS]
+    else:
+        defaults = list(TRACE_DEFAULTS)
+    chosen, notes = [], []
+    for name in dict.fromkeys(defaults):
+        if name in POLICIES:
+            chosen.append(name)
+        else:
+            notes.append(f"policy {name!r} skipped: not in this simulator yet")
+    if not chosen:
+        raise KvscopeError(f"no default policy is available; choose with --policy {POLICIES}")
+    return chosen, notes
+
+
+def choose_capacities(requested: Sequence[str], source: Source) -> list[int]:
+    """Capacities in tokens: the requested ones, else the run's; each at least one block."""
+    if not requested:
+        if source.trace.capacity_tokens is None:
+            raise KvscopeError("the trace has no KV capacity: give --capacity-tokens")
+        return [source.trace.capacity_tokens]
+    out = []
+    for text in requested:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise KvscopeError(f"--capacity-tokens takes integers, got {text!r}") from None
+        if value < source.trace.block_size:
+            raise KvscopeError(
+                f"capacity {value} tokens is less than one block of {source.trace.block_size}"
+            )
+        out.append(value)
+    return list(dict.fromkeys(out))
+
+
+def make_plan(source: Source, policies: Sequence[str], capacities: Sequence[str]) -> Plan:
+    chosen, notes = choose_policies(policies, source)
+    caps = choose_capacities(capacities, source)
+    engine = source.trace.engine
+    if engine is not None and engine not in ENGINES:
+        notes.append(f"{engine} semantics not simulated yet: replayed as {ENGINES[0]}")
+        engine = None
+    bs = source.trace.block_size
+    for cap in caps:
+        if cap % bs:
+            notes.append(f"capacity {cap} tokens is {cap // bs} whole blocks of {bs}")
+    return Plan(chosen, caps, engine, notes)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    summaries: list[Summary]  # policy-major, capacities in the plan's order
+    fidelity: Fidelity | None  # engine's own policy at the run's capacity (run directories)
+
+
+def run_plan(
+    source: Source,
+    plan: Plan,
+    ms_per_token: float | None = None,
+    on_done: Callable[[str, int], None] = lambda _p, _c: None,
+) -> Outcome:
+    """Every policy at every capacity (on_done after each), plus the fidelity replay."""
+    trace = source.trace
+    kwargs = {"engine": plan.engine} if plan.engine else {}
+    summaries, found = [], None
+    own = source.policy if source.kind == "run" else None
+    run_cap = trace.capacity_tokens
+    for policy in plan.policies:
+        for cap in plan.capacities:
+            result = simulate(trace, policy, cap // trace.block_size, **kwargs)
+            summaries.append(summarize(trace, result, ms_per_token))
+            if (
+                policy == own
+                and run_cap is not None
+                and cap // trace.block_size == (run_cap // trace.block_size)
+            ):
+                found = fidelity(source, result)
+            on_done(policy, cap)
+    if found is None and own in POLICIES and run_cap is not None and source.kind == "run":
+        result = simulate(trace, own, run_cap // trace.block_size, **kwargs)
+        found = fidelity(source, result)
+    return Outcome(summaries, found)

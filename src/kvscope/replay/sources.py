@@ -1,0 +1,333 @@
+"""Where a replay's trace comes from: a kvscope run directory, a Mooncake trace, a token-id trace.
+
+`load_source(path, block_size)` reads any of the three into a `Source` (a `Trace` plus what the
+replay needs to say about it):
+
+- a run directory: every successful call with its exact prompt token ids (prompt_tokens.jsonl),
+  started at start_ns + queue_ms (queue_ms null: at start_ns) and ended at end_ns, with its
+  agent, workflow and previous agent; the run's block size, KV capacity, engine (an attached
+  one's detected family) and eviction policy (run.json); the engine's measured cached tokens
+  (null stays NaN). Calls that failed or have no token ids are left out and counted in
+  `excluded`.
+- a Mooncake trace (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one
+  id per block of `block_size` tokens; equal ids = equal block and prefix). Only the ids of
+  full blocks become keys (a partial last block is never cached).
+- a token-id trace (JSONL): `request_id`, `token_ids`, optional `timestamp` (ms; absent: the
+  line's position), `agent`, `workflow`, `output_length` (absent: 0, and said so).
+
+Both JSONL formats also accept kvscope's extensions `end_timestamp` (ms: when the request
+ended; absent: at its start), `previous_agent` (absent: the agent of the workflow's previous
+request) and, on Mooncake lines, `request_id`, `agent`, `workflow`.
+A bad line is a KvscopeError naming the file, the line number and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvscope.errors import KvscopeError
+from kvscope.records import requests
+from kvscope.records.requests import STATUS_OK
+from kvscope.records.run_dir import read_run_json
+from kvscope.records.tokens import TOKENS_JSONL, load_tokens
+from kvscope.replay.trace import Trace, chain_keys
+
+KINDS = ("run", "mooncake", "tokens")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A loaded trace and the facts about its source that the replay reports.
+
+    `policy`: the engine's own eviction policy (run directories only, else None).
+    `excluded`: reason -> number of calls left out of the trace (run directories).
+    `id_mismatch[i]`: request i's token ids do not count its prompt_tokens (None: not known).
+    `excluded_start_s`: when each left-out call began (seconds, the trace's clock; calls without
+    a clock are not in it): their blocks were in the engine's cache but are not replayed.
+    `notes`: one-line facts to print with the replay.
+    """
+
+    kind: str  # one of KINDS
+    trace: Trace
+    run_dir: Path | None = None
+    policy: str | None = None
+    excluded: dict[str, int] = field(default_factory=dict)
+    id_mismatch: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)
+    excluded_start_s: np.ndarray | None = None
+
+
+def load_source(path: Path, block_size: int | None = None) -> Source:
+    """The trace at `path`: a run directory, or a JSONL trace recognised by its first line."""
+    if not path.exists():
+        raise KvscopeError(f"{path} does not exist")
+    if path.is_dir():
+        return load_run(path, block_size)
+    first = next(_lines(path), None)
+    if first is None:
+        raise KvscopeError(f"{path} is empty: no requests to replay")
+    _, row = first
+    if "hash_ids" in row:
+        return load_mooncake(path, _need_block_size(block_size, path, "a Mooncake trace"))
+    if "token_ids" in row:
+        return load_token_trace(path, _need_block_size(block_size, path, "a token-id trace"))
+    raise KvscopeError(
+        f"{path}:{first[0]}: neither a Mooncake line (hash_ids) nor a token-id line (token_ids)"
+    )
+
+
+def _need_block_size(block_size: int | None, path: Path, what: str) -> int:
+    if block_size is None:
+        raise KvscopeError(f"{path} is {what}: say its block size with --block-size")
+    if block_size <= 0:
+        raise KvscopeError(f"--block-size must be positive, got {block_size}")
+    return block_size
+
+
+# --- run directories ---------------------------------------------------------------------------
+
+
+def load_run(run_dir: Path, block_size: int | None = None) -> Source:
+    """A run directory's successful calls with token ids, in start order (see module doc)."""
+    if not requests.exists(run_dir):
+        raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
+    if not (run_dir / TOKENS_JSONL).exists():
+        raise KvscopeError(
+            f"{run_dir} has no {TOKENS_JSONL}: Level 3 prompt token ids were not captured, "
+            "so the run's prompts cannot be replayed"
+        )
+    info = read_run_json(run_dir)
+    engine_cfg = (info.get("config") or {}).get("engine") or {}
+    model = (info.get("environment") or {}).get("model") or {}
+    run_bs = model.get("block_size") or engine_cfg.get("page_size")
+    notes: list[str] = []
+    if block_size is not None and run_bs is not None and block_size != run_bs:
+        notes.append(f"block size {block_size} (the run's engine used {run_bs})")
+    bs = block_size or run_bs
+    if not bs:
+        raise KvscopeError(f"{run_dir}/run.json does not record the block size: pass --block-size")
+    capacity = model.get("capacity_tokens") or engine_cfg.get("kv_capacity_tokens")
+
+    tokens = load_tokens(run_dir)
+    excluded: dict[str, int] = {}
+    kept: list[dict[str, Any]] = []
+    left_out: list[float] = []
+    for row in requests.load_table(run_dir).to_pylist():
+        reason = _exclusion(row, tokens)
+        if reason:
+            excluded[reason] = excluded.get(reason, 0) + 1
+            if row.get("start_ns") is not None:
+                left_out.append(_start_s(row))
+        else:
+            kept.append(row)
+    if not kept:
+        raise KvscopeError(f"{run_dir}: no successful call with prompt token ids to replay")
+    kept.sort(key=lambda r: (_start_s(r), r["end_ns"]))
+    ids = [tokens[r["request_uuid"]] for r in kept]
+    keys, offsets = chain_keys(ids, int(bs))
+    measured = [r["cached_tokens"] for r in kept]
+    trace = Trace(
+        source=str(run_dir),
+        block_size=int(bs),
+        request_ids=tuple(r["request_uuid"] for r in kept),
+        start_s=np.array([_start_s(r) for r in kept], dtype=np.float64),
+        end_s=np.array([max(r["end_ns"] / 1e9, _start_s(r)) for r in kept], dtype=np.float64),
+        prompt_tokens=np.array([r["prompt_tokens"] for r in kept], dtype=np.int64),
+        output_tokens=np.array([r["output_tokens"] or 0 for r in kept], dtype=np.int64),
+        keys=keys,
+        offsets=offsets,
+        agents=tuple(r["agent_id"] for r in kept),
+        workflows=tuple(r["workflow_run_id"] for r in kept),
+        previous_agents=tuple(r["previous_agent_id"] for r in kept),
+        measured_cached_tokens=np.array(
+            [math.nan if m is None else m for m in measured], dtype=np.float64
+        ),
+        capacity_tokens=int(capacity) if capacity else None,
+        engine=_engine(info, notes),
+    )
+    mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
+    return Source(
+        "run",
+        trace,
+        run_dir,
+        engine_cfg.get("eviction_policy"),
+        excluded,
+        mismatch,
+        notes,
+        np.sort(np.array(left_out, dtype=np.float64)),
+    )
+
+
+def _engine(info: dict[str, Any], notes: list[str]) -> str | None:
+    """The run's engine semantics: the launched kind, or an attached engine's detected family."""
+    kind = ((info.get("config") or {}).get("engine") or {}).get("kind")
+    if kind in ("vllm", "sglang"):
+        return kind
+    family = ((info.get("environment") or {}).get("capabilities") or {}).get("family")
+    if family is None:
+        notes.append(f"engine {kind!r}: its kind was not detected, replayed as the default")
+    return family
+
+
+def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
+    if row.get("status") != STATUS_OK:
+        return f"status {row.get('status')}"
+    if row.get("request_uuid") not in tokens:
+        return "no prompt token ids"
+    if row.get("prompt_tokens") is None or row.get("start_ns") is None:
+        return "no prompt_tokens or timing"
+    return None
+
+
+def _start_s(row: dict[str, Any]) -> float:
+    """When the engine began the call: its submission clock plus the engine's queue time."""
+    return float(row["start_ns"]) / 1e9 + float(row.get("queue_ms") or 0.0) / 1e3
+
+
+# --- JSONL traces ------------------------------------------------------------------------------
+
+
+def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number from 1, object) per non-blank line; a line that is not a JSON object fails."""
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise KvscopeError(f"{path}:{n}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise KvscopeError(f"{path}:{n}: not a JSON object")
+            yield n, row
+
+
+def _field(
+    path: Path, n: int, row: dict[str, Any], name: str, kind: type | tuple[type, ...]
+) -> Any:
+    if name not in row or row[name] is None:
+        raise KvscopeError(f"{path}:{n}: missing field {name!r}")
+    value = row[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise KvscopeError(f"{path}:{n}: field {name!r} has the wrong type ({value!r:.40})")
+    return value
+
+
+def _ms(path: Path, n: int, row: dict[str, Any], name: str, default: float) -> float:
+    return float(_field(path, n, row, name, (int, float))) if row.get(name) is not None else default
+
+
+def _previous_agents(agents: list[str | None], workflows: list[str | None]) -> list[str | None]:
+    """Each request's previous agent: the agent of the previous request of its workflow."""
+    last: dict[str | None, str | None] = {}
+    out: list[str | None] = []
+    for agent, workflow in zip(agents, workflows, strict=True):
+        out.append(last.get(workflow))
+        last[workflow] = agent
+    return out
+
+
+@dataclass
+class _Rows:
+    """Parsed JSONL requests, in file order, before sorting into a Trace."""
+
+    ids: list[str] = field(default_factory=list)
+    start_ms: list[float] = field(default_factory=list)
+    end_ms: list[float] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    agents: list[str | None] = field(default_factory=list)
+    workflows: list[str | None] = field(default_factory=list)
+    previous: list[str | bool | None] = field(default_factory=list)  # False: not given
+
+    def add(self, path: Path, n: int, row: dict[str, Any], rid: str, start: float) -> None:
+        self.ids.append(rid)
+        self.start_ms.append(start)
+        self.end_ms.append(max(_ms(path, n, row, "end_timestamp", start), start))
+        self.agents.append(row.get("agent"))
+        self.workflows.append(row.get("workflow"))
+        self.previous.append(row.get("previous_agent", False))
+
+    def trace(self, source: Path, block_size: int, keys: list[np.ndarray]) -> Trace:
+        order = np.argsort(np.array(self.start_ms), kind="stable")
+        pick = [int(i) for i in order]
+        derived = _previous_agents(
+            [self.agents[i] for i in pick], [self.workflows[i] for i in pick]
+        )
+        previous = [
+            derived[j] if self.previous[i] is False else self.previous[i]
+            for j, i in enumerate(pick)
+        ]
+        counts = np.array([len(keys[i]) for i in pick], dtype=np.int64)
+        offsets = np.zeros(len(pick) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        flat = [keys[i] for i in pick]
+        return Trace(
+            source=str(source),
+            block_size=block_size,
+            request_ids=tuple(self.ids[i] for i in pick),
+            start_s=np.array([self.start_ms[i] for i in pick], dtype=np.float64) / 1e3,
+            end_s=np.array([self.end_ms[i] for i in pick], dtype=np.float64) / 1e3,
+            prompt_tokens=np.array([self.prompt[i] for i in pick], dtype=np.int64),
+            output_tokens=np.array([self.output[i] for i in pick], dtype=np.int64),
+            keys=np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint64),
+            offsets=offsets,
+            agents=tuple(self.agents[i] for i in pick),
+            workflows=tuple(self.workflows[i] for i in pick),
+            previous_agents=tuple(previous),  # type: ignore[arg-type]
+        )
+
+
+def load_mooncake(path: Path, block_size: int) -> Source:
+    """A Mooncake trace: `hash_ids` are the block keys (see module doc)."""
+    rows, keys = _Rows(), []
+    for n, row in _lines(path):
+        start = float(_field(path, n, row, "timestamp", (int, float)))
+        length = int(_field(path, n, row, "input_length", int))
+        rows.prompt.append(length)
+        rows.output.append(int(_field(path, n, row, "output_length", int)))
+        hash_ids = _field(path, n, row, "hash_ids", list)
+        full = length // block_size
+        if len(hash_ids) < full:
+            raise KvscopeError(
+                f"{path}:{n}: field 'hash_ids' has {len(hash_ids)} ids for {full} full blocks "
+                f"of {block_size} tokens (input_length {length}): is --block-size right?"
+            )
+        try:
+            keys.append(np.array(hash_ids[:full], dtype=np.uint64))
+        except (TypeError, ValueError, OverflowError):
+            raise KvscopeError(f"{path}:{n}: field 'hash_ids' holds a non-integer id") from None
+        rows.add(path, n, row, str(row.get("request_id", f"line-{n}")), start)
+    if not rows.ids:
+        raise KvscopeError(f"{path} is empty: no requests to replay")
+    return Source("mooncake", rows.trace(path, block_size, keys))
+
+
+def load_token_trace(path: Path, block_size: int) -> Source:
+    """A token-id trace: keys are chained from the token ids (see module doc)."""
+    rows, ids = _Rows(), []
+    no_output = 0
+    for n, row in _lines(path):
+        rid = str(_field(path, n, row, "request_id", (str, int)))
+        tokens = _field(path, n, row, "token_ids", list)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise KvscopeError(f"{path}:{n}: field 'token_ids' holds a non-integer id")
+        ids.append(tokens)
+        rows.prompt.append(len(tokens))
+        given = row.get("output_length") is not None
+        no_output += not given
+        rows.output.append(int(_field(path, n, row, "output_length", int)) if given else 0)
+        rows.add(path, n, row, rid, _ms(path, n, row, "timestamp", float(len(rows.ids))))
+    if not rows.ids:
+        raise KvscopeError(f"{path} is empty: no requests to replay")
+    keys, offsets = chain_keys(ids, block_size)
+    per_request = [keys[offsets[i] : offsets[i + 1]] for i in range(len(ids))]
+    notes = [f"{no_output} requests without output_length: replayed with 0"] if no_output else []
+    return Source("tokens", rows.trace(path, block_size, per_request), notes=notes)

@@ -1,0 +1,157 @@
+"""One replay's outcome in numbers: hit ratios overall, per agent and per transition, recompute,
+harmful evictions by agent pair, and the TTFT the policy would save.
+
+`summarize(trace, result, ms_per_token)` -> `Summary`; `Summary.to_dict()` is the JSON record
+(`--json`, replay.json): {policy, capacity_tokens, requests, prompt_tokens, cached_tokens,
+hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}}, seconds, ...} plus
+capacity_blocks, recompute_tokens, preempted, evictions, per_transition (same shape as
+per_agent), harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed
+because the evictor agent's allocation evicted what the victim agent had stored) and
+ttft_saved_ms.
+
+Hit ratio is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` = ms_per_token *
+sum(simulated - measured cached tokens) over the requests whose cached tokens the engine
+measured: positive when the policy would have saved prefill time against the run; null when no
+prefill cost was fitted or nothing was measured. A value not measured is null, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvscope.analysis.agents import agent_order
+from kvscope.replay.result import SimResult
+from kvscope.replay.trace import Trace
+
+NO_AGENT = "(no agent)"  # calls no agent was named for (the report's label too)
+UNKNOWN = "unknown"  # an evictor or owner the simulator could not name
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    capacity_tokens: int
+    capacity_blocks: int
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_ratio: float | None
+    recompute_tokens: int
+    preempted: int
+    evictions: int
+    per_agent: dict[str, dict[str, int]]
+    per_transition: dict[str, dict[str, int]]
+    harm: list[dict[str, Any]]
+    ttft_saved_ms: float | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "capacity_tokens": self.capacity_tokens,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "hit_ratio": self.hit_ratio,
+            "recompute_tokens": self.recompute_tokens,
+            "preempted": self.preempted,
+            "evictions": self.evictions,
+            "per_agent": self.per_agent,
+            "per_transition": self.per_transition,
+            "harm": self.harm,
+            "ttft_saved_ms": self.ttft_saved_ms,
+            "seconds": self.seconds,
+        }
+
+
+def agent_label(agent: str | None) -> str:
+    return NO_AGENT if agent is None else agent
+
+
+def ordered_agents(trace: Trace) -> list[str]:
+    """The trace's agents in order of first appearance (analysis.agents.agent_order), as labels."""
+    rows = (
+        {"agent_id": a, "start_ns": s} for a, s in zip(trace.agents, trace.start_s, strict=True)
+    )
+    return [agent_label(a) for a in agent_order(rows)]
+
+
+def _grouped(labels: list[str], prompt: np.ndarray, cached: np.ndarray, order: list[str]) -> dict:
+    """{label: {prompt_tokens, cached_tokens}} in `order` (then any other label by first use)."""
+    names = list(dict.fromkeys([*(o for o in order if o in set(labels)), *labels]))
+    index = {name: i for i, name in enumerate(names)}
+    codes = np.array([index[label] for label in labels], dtype=np.int64)
+    p = np.bincount(codes, weights=prompt, minlength=len(names))
+    c = np.bincount(codes, weights=cached, minlength=len(names))
+    return {
+        name: {"prompt_tokens": int(p[i]), "cached_tokens": int(c[i])}
+        for i, name in enumerate(names)
+    }
+
+
+def summarize(trace: Trace, result: SimResult, ms_per_token: float | None = None) -> Summary:
+    """The numbers of one replay (see the module doc)."""
+    prompt = trace.prompt_tokens.astype(np.int64)
+    cached = np.minimum(result.cached_tokens.astype(np.int64), prompt)
+    agents = [agent_label(a) for a in trace.agents]
+    transitions = [t or NO_AGENT for t in (trace.transition(i) for i in range(len(trace)))]
+    total = int(prompt.sum())
+    return Summary(
+        policy=result.policy,
+        capacity_tokens=result.capacity_blocks * result.block_size,
+        capacity_blocks=result.capacity_blocks,
+        requests=len(trace),
+        prompt_tokens=total,
+        cached_tokens=int(cached.sum()),
+        hit_ratio=float(cached.sum()) / total if total else None,
+        recompute_tokens=int((prompt - cached).sum()),
+        preempted=int(result.preempted.sum()),
+        evictions=int(result.evictions),
+        per_agent=_grouped(agents, prompt, cached, ordered_agents(trace)),
+        per_transition=_grouped(transitions, prompt, cached, []),
+        harm=harm_pairs(trace, result),
+        ttft_saved_ms=ttft_saved_ms(trace, cached, ms_per_token),
+        seconds=float(result.seconds),
+    )
+
+
+def harm_pairs(trace: Trace, result: SimResult) -> list[dict[str, Any]]:
+    """Recomputed blocks summed per (evictor agent -> victim agent), most tokens first.
+
+    The victim is the agent whose request had stored the evicted blocks (analysis.evictions'
+    rule); an evictor or owner the simulator reports as -1 is UNKNOWN.
+    """
+
+    def who(i: int) -> str:
+        return UNKNOWN if i < 0 else agent_label(trace.agents[i])
+
+    sums: dict[tuple[str, str], int] = {}
+    for evictor, owner, blocks in zip(
+        result.harm_evictor.tolist(),
+        result.harm_owner.tolist(),
+        result.harm_blocks.tolist(),
+        strict=True,
+    ):
+        pair = (who(evictor), who(owner))
+        sums[pair] = sums.get(pair, 0) + int(blocks)
+    rows = [
+        {"evictor_agent": e, "victim_agent": v, "blocks": b, "tokens": b * result.block_size}
+        for (e, v), b in sums.items()
+    ]
+    return sorted(rows, key=lambda r: (-r["tokens"], r["evictor_agent"], r["victim_agent"]))
+
+
+def ttft_saved_ms(trace: Trace, cached: np.ndarray, ms_per_token: float | None) -> float | None:
+    """ms_per_token * sum(simulated - measured cached) where measured; None when not computable."""
+    measured = trace.measured_cached_tokens
+    if ms_per_token is None or math.isnan(ms_per_token) or measured is None:
+        return None
+    known = ~np.isnan(measured)
+    if not known.any():
+        return None
+    return float(ms_per_token * (cached[known] - measured[known]).sum())

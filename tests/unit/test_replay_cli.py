@@ -1,0 +1,164 @@
+"""`kvscope replay` on the recorded pathology run and on traces: tables, fidelity, --json,
+replay.json/png in the run directory and in its report, clear errors."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from typer.testing import CliRunner
+
+from kvscope.cli import app
+from kvscope.replay.convert import mooncake_rows, write_jsonl
+from kvscope.replay.sources import load_source
+
+PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
+runner = CliRunner()
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return shutil.copytree(PATHOLOGY, tmp_path / "run")
+
+
+def test_replay_of_a_run_prints_results_and_fidelity_and_writes_its_files(
+    run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out" / "replay.json"
+    args = ["replay", str(run), "--capacity-tokens", "2048,3456,4096", "--json", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    for piece in (
+        "per policy and capacity",
+        "per agent",
+        "per transition",
+        "evictor -> victim",
+        "Replay fidelity",
+        "weighted difference",
+        "reviewer -> planner",
+        "ms/token on prefill_ms",
+        "not logged to MLflow",
+    ):
+        assert piece in text, piece
+    assert "skipped: not in this simulator yet" in text or "belady" in text
+    rows = json.loads(out.read_text())
+    assert [r["capacity_tokens"] for r in rows if r["policy"] == "lru"] == [2048, 3456, 4096]
+    first = rows[0]
+    for key in (
+        "policy",
+        "capacity_tokens",
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "hit_ratio",
+        "per_agent",
+        "seconds",
+    ):
+        assert key in first
+    assert set(first["per_agent"]["planner"]) >= {"prompt_tokens", "cached_tokens"}
+    doc = json.loads((run / "replay.json").read_text())
+    assert doc["kind"] == "run" and doc["fidelity"]["compared"] == 12
+    assert (run / "replay.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_shows_the_replay_when_the_run_has_one(run: Path) -> None:
+    assert runner.invoke(app, ["replay", str(run), "--no-mlflow"]).exit_code == 0
+    result = runner.invoke(app, ["report", str(run), "--no-mlflow"])
+    assert result.exit_code == 0, result.output
+    html = (run / "report.html").read_text()
+    assert "What-if replay" in html and "Replay fidelity" in html
+
+
+def test_no_write_leaves_the_run_directory_alone(run: Path) -> None:
+    result = runner.invoke(app, ["replay", str(run), "--no-write"])
+    assert result.exit_code == 0, result.output
+    assert not (run / "replay.json").exists()
+
+
+def test_a_mooncake_trace_replays_without_fidelity(tmp_path: Path) -> None:
+    trace = write_jsonl(mooncake_rows(load_source(PATHOLOGY)), tmp_path / "m.jsonl")
+    args = ["replay", str(trace), "--block-size", "128", "--capacity-tokens", "3712"]
+    result = runner.invoke(app, [*args, "--policy", "lru"])
+    assert result.exit_code == 0, result.output
+    assert "45.5%" in result.output and "fidelity" not in result.output
+    assert "no prefill cost could be fitted" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nope"], "unknown policy 'nope'; known: lru"),
+        (["--capacity-tokens", "lots"], "--capacity-tokens takes integers"),
+    ],
+)
+def test_bad_options_are_one_line_errors(run: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["replay", str(run), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_a_trace_needs_its_block_size_and_capacity(tmp_path: Path) -> None:
+    trace = write_jsonl([{"request_id": "a", "token_ids": [1, 2]}], tmp_path / "t.jsonl")
+    result = runner.invoke(app, ["replay", str(trace)])
+    assert result.exit_code == 2 and "--block-size" in result.output
+    result = runner.invoke(app, ["replay", str(trace), "--block-size", "1"])
+    assert result.exit_code == 2 and "--capacity-tokens" in result.output
+
+
+def _numbers(rows: list[dict]) -> list[dict]:
+    """The results without what depends on the source kind (timings, measured-only values)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "ttft_saved_ms")} for r in rows]
+
+
+def test_the_run_exported_as_both_trace_formats_replays_to_the_same_json(
+    run: Path, tmp_path: Path
+) -> None:
+    moon, toks = tmp_path / "m.jsonl", tmp_path / "t.jsonl"
+    sweep = ["--policy", "lru", "--capacity-tokens", "2048,3456,4096"]
+    args = ["replay", str(run), *sweep, "--no-write", "--json", str(tmp_path / "run.json")]
+    result = runner.invoke(app, [*args, "--to-mooncake", str(moon), "--to-tokens", str(toks)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "run.json").read_text())
+    assert len(rows) == 3 and all(r["ttft_saved_ms"] is not None for r in rows)
+    want = _numbers(rows)
+    for trace in (moon, toks):
+        out = tmp_path / f"{trace.stem}.out.json"
+        args = ["replay", str(trace), "--block-size", "128", *sweep, "--json", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        got = json.loads(out.read_text())
+        assert _numbers(got) == want, trace.name
+        assert all(r["ttft_saved_ms"] is None for r in got)  # nothing measured: null, not 0
+
+
+def test_a_token_id_export_needs_a_run_directory(tmp_path: Path) -> None:
+    trace = write_jsonl(mooncake_rows(load_source(PATHOLOGY)), tmp_path / "m.jsonl")
+    args = ["replay", str(trace), "--block-size", "128", "--capacity-tokens", "3456"]
+    result = runner.invoke(app, [*args, "--to-tokens", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and "--to-tokens needs a run directory" in result.output
+
+
+def test_a_replay_without_harmful_evictions_says_so(run: Path) -> None:
+    result = runner.invoke(app, ["replay", str(run), "--capacity-tokens", "65536", "--no-write"])
+    assert result.exit_code == 0, result.output
+    assert "harmful evictions: none in any replay" in result.output
+
+
+def test_a_run_with_an_mlflow_run_gets_replay_json_and_png_logged(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from kvscope.probe.tracing import local_store_uri
+
+    runs_dir = tmp_path / "runs"
+    run = shutil.copytree(PATHOLOGY, runs_dir / "pathology")
+    bench = json.loads((run / "run.json").read_text())["benchmark_run_id"]
+    client = MlflowClient(local_store_uri(runs_dir))
+    exp = client.create_experiment("x", artifact_location=(runs_dir / "mlartifacts").as_uri())
+    run_id = client.create_run(exp, tags={"benchmark_run_id": bench}).info.run_id
+    result = runner.invoke(app, ["replay", str(run)])
+    assert result.exit_code == 0, result.output
+    assert f"logged to MLflow run {run_id}" in result.output
+    logged = {a.path for a in client.list_artifacts(run_id)}
+    assert {"replay.json", "replay.png"} <= logged
