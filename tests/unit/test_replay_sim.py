@@ -129,10 +129,10 @@ def test_workflow_policies_on_an_agent_cycle_larger_than_the_cache() -> None:
     tr = _cycle()  # P -> Q -> R -> P ..., 2 key slots: LRU never hits
     assert simulate(tr, "lru", 3).cached_blocks.sum() == 0
     # steps: at R, P is 1 step away and Q 2: Q goes, P hits next; and so on
-    assert list(simulate(tr, "steps", 3).cached_blocks) == [0, 0, 0] + [1, 0] * 4 + [1]
+    assert list(simulate(tr, "steps-to-execution", 3).cached_blocks) == [0, 0, 0] + [1, 0] * 4 + [1]
     assert list(simulate(tr, "belady", 3).cached_blocks) == [0, 0, 0] + [1, 0] * 4 + [1]
     # predicted: learns P->Q, Q->R, R->P in the first cycle, then protects the next agent
-    assert list(simulate(tr, "predicted", 3).cached_blocks) == [0, 0, 0, 0] + [1, 0] * 4
+    assert list(simulate(tr, "predicted-next-agent", 3).cached_blocks) == [0, 0, 0, 0] + [1, 0] * 4
 
 
 def test_every_policy_runs_and_no_cache_never_hits() -> None:
@@ -167,7 +167,7 @@ def test_without_eviction_every_engine_and_policy_hits_the_same() -> None:
     tr = random_trace(5, n=100)
     base = simulate(tr, "lru", 10_000).cached_blocks
     assert base.sum() > 0
-    for policy in ("fifo", "lfu", "slru", "priority", "belady", "steps", "predicted"):
+    for policy in [p for p in POLICIES if p not in ("lru", "none")]:
         assert list(simulate(tr, policy, 10_000).cached_blocks) == list(base), policy
     for policy in ("lru", "fifo", "lfu", "priority"):
         r = simulate(tr, policy, 10_000, engine="sglang")

@@ -153,11 +153,6 @@ def test_clear_errors_for_missing_inputs(tmp_path: Path) -> None:
         load_source(tmp_path / "bad.jsonl", block_size=1)
 
 
-@pytest.mark.xfail(
-    reason="reference.py sorts a request's end before its own start when end_s == start_s, so "
-    "a trace without durations never releases its blocks (trace.py's contract says it does)",
-    strict=False,
-)
 def test_a_trace_without_durations_releases_each_request_before_the_next(tmp_path: Path) -> None:
     run = load_source(PATHOLOGY)
     rows = mooncake_rows(run)

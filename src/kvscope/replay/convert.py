@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvscope.errors import KvscopeError
 from kvscope.records.tokens import load_tokens
 from kvscope.replay.sources import Source
@@ -64,7 +66,7 @@ def token_rows(source: Source) -> list[dict[str, Any]]:
     return [
         {
             **_common(source, i),
-            "token_ids": tokens[t.request_ids[i]],
+            "token_ids": np.asarray(tokens[t.request_ids[i]]).tolist(),
             "output_length": int(t.output_tokens[i]),
         }
         for i in range(len(t))

@@ -9,8 +9,8 @@ leaves evictable; radix.py). Policies, with the module that defines each:
 - fifo, lfu, slru, priority (policies.py): by when stored, by uses, two LRU segments, by
   request priority (`priorities`, higher kept longer; default all equal = LRU).
 - belady (belady.py): the offline optimum heuristic, farthest next use first: an upper bound.
-- steps (workflow.py): KVFlow's steps-to-execution over the agent step graph.
-- predicted (workflow.py): PBKV-style predicted next agent, learned online; LRU otherwise.
+- steps-to-execution (workflow.py): KVFlow's steps-to-execution over the agent step graph.
+- predicted-next-agent (workflow.py): PBKV-style next agent, learned online; LRU otherwise.
 - none: no prefix cache, the counterfactual (nothing is ever hit).
 """
 
@@ -35,8 +35,8 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "slru": SLRUOrder,
     "priority": PriorityOrder,
     "belady": BeladyOrder,
-    "steps": StepsToExecutionOrder,
-    "predicted": PredictedNextAgentOrder,
+    "steps-to-execution": StepsToExecutionOrder,
+    "predicted-next-agent": PredictedNextAgentOrder,
 }
 POLICIES = (*ORDERS, "none")
 ENGINES = ("vllm", "sglang")

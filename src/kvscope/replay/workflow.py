@@ -130,7 +130,7 @@ class StepsToExecutionOrder(AgentGroupOrder):
     step graph (the successor relation previous_agent -> agent seen anywhere in the trace), from
     the positions of the workflows in flight. A block's steps are the least over its agents."""
 
-    name = "steps"
+    name = "steps-to-execution"
 
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
         super().bind(trace, capacity, rank)
@@ -171,7 +171,7 @@ class PredictedNextAgentOrder(AgentGroupOrder):
     predicted, and blocks any of them used are evicted only after all others (LRU otherwise,
     and plain LRU while nothing is predicted)."""
 
-    name = "predicted"
+    name = "predicted-next-agent"
 
     def __init__(self, threshold: float = 0.5) -> None:
         self._threshold = threshold
