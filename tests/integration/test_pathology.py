@@ -83,3 +83,28 @@ def test_ample_cache_evicts_nothing(up: Up, tmp_path: Path) -> None:
     later = [r for r in rows if r["turn_id"] > 1]
     assert all(r["uncached_evicted_tokens"] == 0 for r in later)
     assert all(r["cached_tokens"] == 7 * BLOCK for r in later)
+
+
+def test_replay_reproduces_the_run_and_steps_to_execution_removes_the_harm(
+    up: Up, tight: Path
+) -> None:
+    """`kvscope replay` on the fresh run: LRU at the run's capacity is what the engine measured
+    request by request; KVFlow's policy keeps the Expresser's prefix from the Executor; Belady
+    hits at least as much as every other policy."""
+    out = tight.parent / "replay-results.json"
+    result = up.cli("replay", str(tight), "--json", str(out), "--no-mlflow", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    fidelity = json.loads((tight / "replay.json").read_text())["fidelity"]
+    assert fidelity["meets_targets"], fidelity
+    assert fidelity["exact_share"] >= 0.99 and fidelity["weighted_difference"] <= 0.01
+    by_policy = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert set(by_policy) == {"lru", "steps-to-execution", "predicted-next-agent", "belady"}
+    pairs = {
+        p: {(h["evictor_agent"], h["victim_agent"]) for h in r["harm"]}
+        for p, r in by_policy.items()
+    }
+    assert ("executor", "expresser") in pairs["lru"]
+    assert ("executor", "expresser") not in pairs["steps-to-execution"]
+    best = by_policy["belady"]["cached_tokens"]
+    assert all(r["cached_tokens"] <= best for r in by_policy.values())
+    assert by_policy["belady"]["cached_tokens"] > by_policy["lru"]["cached_tokens"]
