@@ -11,6 +11,7 @@ from helpers import ROOT
 
 from kvscope.errors import KvscopeError
 from kvscope.replay.convert import mooncake_rows, token_rows, write_jsonl
+from kvscope.replay.schedule import scheduled_start
 from kvscope.replay.simulate import simulate
 from kvscope.replay.sources import load_source
 from kvscope.replay.summary import summarize
@@ -29,7 +30,7 @@ def test_a_run_directory_loads_its_calls_capacity_and_measurements() -> None:
     assert trace.transition(4) == "reviewer -> planner"
     rows = [json.loads(line) for line in (PATHOLOGY / "requests.jsonl").open()]
     first = min(rows, key=lambda r: r["start_ns"])
-    assert trace.start_s[0] == pytest.approx(first["start_ns"] / 1e9 + first["queue_ms"] / 1e3)
+    assert trace.start_s[0] == pytest.approx(scheduled_start(first))  # engine-scheduled
     assert trace.end_s[0] == pytest.approx(first["end_ns"] / 1e9)
     assert np.all(np.diff(trace.start_s) >= 0)
 

@@ -4,8 +4,8 @@
 replay needs to say about it):
 
 - a run directory: every successful call with its exact prompt token ids (prompt_tokens.jsonl),
-  started at start_ns + queue_ms (queue_ms null: at start_ns) and ended at end_ns, with its
-  agent, workflow and previous agent; the run's block size, KV capacity, engine (an attached
+  started when the engine scheduled it (schedule.py) and ended at end_ns, with its agent,
+  workflow and previous agent; the run's block size, KV capacity, engine (an attached
   one's detected family) and eviction policy (run.json); the engine's measured cached tokens
   (null stays NaN). Calls that failed or have no token ids are left out and counted in
   `excluded`.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.run_dir import read_run_json
 from kvscope.records.tokens import TOKENS_JSONL, load_tokens
+from kvscope.replay.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.replay.trace import Trace, chain_keys
 
 KINDS = ("run", "mooncake", "tokens")
@@ -124,21 +125,29 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
         if reason:
             excluded[reason] = excluded.get(reason, 0) + 1
             if row.get("start_ns") is not None:
-                left_out.append(_start_s(row))
+                left_out.append(scheduled_start(row))
         else:
             kept.append(row)
     if not kept:
         raise KvscopeError(f"{run_dir}: no successful call with prompt token ids to replay")
-    kept.sort(key=lambda r: (_start_s(r), r["end_ns"]))
-    ids = [tokens[r["request_uuid"]] for r in kept]
+    ids = [np.asarray(tokens[r["request_uuid"]]) for r in kept]
+    unclocked = sum(r.get("ttft_ms") is None or r.get("prefill_ms") is None for r in kept)
+    if unclocked:
+        notes.append(
+            f"{unclocked} of {len(kept)} calls lack the engine's prefill time or a TTFT: they "
+            "replay from when they were sent (plus any engine queue time), not when scheduled"
+        )
+    starts = scheduled_starts(kept, first_stores(run_dir), _stored_block_hit(kept, ids, int(bs)))
+    order = sorted(range(len(kept)), key=lambda i: (starts[i], kept[i]["end_ns"]))
+    kept, starts, ids = [kept[i] for i in order], starts[order], [ids[i] for i in order]
     keys, offsets = chain_keys(ids, int(bs))
     measured = [r["cached_tokens"] for r in kept]
     trace = Trace(
         source=str(run_dir),
         block_size=int(bs),
         request_ids=tuple(r["request_uuid"] for r in kept),
-        start_s=np.array([_start_s(r) for r in kept], dtype=np.float64),
-        end_s=np.array([max(r["end_ns"] / 1e9, _start_s(r)) for r in kept], dtype=np.float64),
+        start_s=starts,
+        end_s=np.maximum(np.array([r["end_ns"] / 1e9 for r in kept], dtype=np.float64), starts),
         prompt_tokens=np.array([r["prompt_tokens"] for r in kept], dtype=np.int64),
         output_tokens=np.array([r["output_tokens"] or 0 for r in kept], dtype=np.int64),
         keys=keys,
@@ -186,9 +195,18 @@ def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
     return None
 
 
-def _start_s(row: dict[str, Any]) -> float:
-    """When the engine began the call: its submission clock plus the engine's queue time."""
-    return float(row["start_ns"]) / 1e9 + float(row.get("queue_ms") or 0.0) / 1e3
+def _stored_block_hit(
+    rows: list[dict[str, Any]], ids: list[np.ndarray], block_size: int
+) -> Callable[[int, int], bool]:
+    """after(i, j): call i's prompt holds a full block that call j stored (beyond j's hits)."""
+
+    def after(i: int, j: int) -> bool:
+        n = min(len(ids[i]), len(ids[j])) // block_size * block_size
+        differ = np.flatnonzero(ids[i][:n] != ids[j][:n])
+        common = (int(differ[0]) if len(differ) else n) // block_size
+        return common > (rows[j].get("cached_tokens") or 0) // block_size
+
+    return after
 
 
 # --- JSONL traces ------------------------------------------------------------------------------
