@@ -167,3 +167,49 @@ def test_a_run_with_an_mlflow_run_gets_replay_json_and_png_logged(tmp_path: Path
     assert f"logged to MLflow run {run_id}" in result.output
     logged = {a.path for a in client.list_artifacts(run_id)}
     assert {"replay.json", "replay.png"} <= logged
+
+
+def test_a_host_tier_splits_each_agents_tokens_and_prices_the_loads(
+    run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "tiers.json"
+    args = ["replay", str(run), "--policy", "lru", "--json", str(out), "--no-write"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    (one,) = json.loads(out.read_text())
+    assert "tiers" not in one
+    tiered = runner.invoke(app, [*args, "--host-tokens", "4096", "--host-load-ms", "2"])
+    assert tiered.exit_code == 0, tiered.output
+    assert "two tiers" in tiered.output
+    (two,) = json.loads(out.read_text())
+    tiers = two["tiers"]
+    assert two["cached_tokens"] == one["cached_tokens"]  # here the device hits as without
+    assert tiers["host_tokens"] > 0  # what LRU evicted comes back from the host
+    for agent, t in tiers["per_agent"].items():
+        prompt = two["per_agent"][agent]["prompt_tokens"]
+        assert t["device_tokens"] == two["per_agent"][agent]["cached_tokens"]
+        assert t["device_tokens"] + t["host_tokens"] + t["missed_tokens"] == prompt
+        assert t["prefetched_tokens"] == 0  # no --prefetch
+        assert t["load_ms"] == pytest.approx(2 * t["host_tokens"] / 128)
+    assert two["recompute_tokens"] == one["recompute_tokens"] - tiers["host_tokens"]
+    assert tiers["load_ms"] == pytest.approx(2 * tiers["host_tokens"] / 128)
+    fetched = runner.invoke(app, [*args, "--host-tokens", "4096", "--prefetch"])
+    assert fetched.exit_code == 0, fetched.output
+    (three,) = json.loads(out.read_text())
+    assert 0 < three["tiers"]["prefetched_tokens"] <= three["tiers"]["host_tokens"]
+    assert three["tiers"]["load_ms"] is None and three["ttft_saved_ms"] is None  # no load cost
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prefetch"], "need a host tier"),
+        (["--host-tokens", "100"], "less than one block of 128"),
+        (["--host-tokens", "1024", "--host-load-ms", "-1"], "must be >= 0"),
+    ],
+)
+def test_bad_host_tier_options_are_one_line_errors(
+    run: Path, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, ["replay", str(run), "--no-write", *args])
+    assert result.exit_code == 2 and message in result.output

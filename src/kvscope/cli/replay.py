@@ -9,7 +9,9 @@ fitted prefill cost per token; null when none could be fitted); on a run directo
 fidelity of the replay under the engine's own policy at the run's capacity. On a run directory
 the results are written as RUN/replay.json and RUN/replay.png (the report shows them) and logged
 to the run's MLflow run when it has one. `--to-mooncake` / `--to-tokens` also write the replayed
-requests in the two trace formats (replaying those gives the same results).
+requests in the two trace formats (replaying those gives the same results). `--host-tokens`
+adds a host tier below every capacity (`--host-load-ms` per block loaded, `--prefetch` KVFlow's
+prefetch): the output then splits device hits, host hits and misses per agent.
 """
 
 from __future__ import annotations
@@ -44,13 +46,18 @@ def _fit(source: Source) -> dict[str, Any] | None:
 
 
 def replay_document(
-    source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None
+    source: Source,
+    source_path: Path,
+    policy: str | None,
+    capacity_tokens: str | None,
+    tier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every policy x capacity over the loaded SOURCE (with a progress bar when long): the
-    document that replay.json holds (report.replay_section describes it)."""
+    document that replay.json holds (report.replay_section describes it). `tier`: make_plan's
+    host_tokens / prefetch / load_ms_per_block."""
     from kvscope.replay.plan import make_plan, run_plan, split_list
 
-    plan = make_plan(source, split_list(policy), split_list(capacity_tokens))
+    plan = make_plan(source, split_list(policy), split_list(capacity_tokens), **(tier or {}))
     fit = _fit(source)
     steps = len(plan.policies) * len(plan.capacities)
     show = console.is_terminal and len(source.trace) * steps > PROGRESS_AFTER
@@ -77,6 +84,8 @@ def replay_document(
         "requests": len(source.trace),
         "engine_policy": source.policy,
         "run_capacity_tokens": source.trace.capacity_tokens,
+        "host_tokens": plan.host_blocks * source.trace.block_size or None,
+        "prefetch": plan.prefetch,
         "fit": fit,
         "notes": notes,
         "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),
@@ -162,6 +171,20 @@ def replay(
         Path | None,
         typer.Option(help="Also write them as a token-id trace (JSONL; run directories only)."),
     ] = None,
+    host_tokens: Annotated[
+        int | None,
+        typer.Option(help="A host tier of this many tokens below the device (vLLM semantics)."),
+    ] = None,
+    host_load_ms: Annotated[
+        float | None,
+        typer.Option(help="What loading one block from the host tier costs, in ms."),
+    ] = None,
+    prefetch: Annotated[
+        bool,
+        typer.Option(
+            "--prefetch", help="KVFlow prefetch: the next agent's host blocks load before its call."
+        ),
+    ] = False,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
     """Replay SOURCE's requests under other eviction policies and KV capacities."""
@@ -175,7 +198,8 @@ def replay(
     loaded = load_source(source, block_size)
     if to_tokens is not None and loaded.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
-    doc = replay_document(loaded, source, policy, capacity_tokens)
+    tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
+    doc = replay_document(loaded, source, policy, capacity_tokens, tier)
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:

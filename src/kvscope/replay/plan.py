@@ -8,6 +8,9 @@ Capacities: the user's list (tokens), else the run's capacity. Each is replayed 
 capacity_tokens // block_size blocks.
 Engine semantics: the trace's engine when simulate.ENGINES has it, else the simulator's default
 (said in a note).
+Host tier (optional, vLLM semantics): `host_tokens` // block_size blocks below every replayed
+capacity, KVFlow prefetch accounting with `prefetch`, `load_ms_per_block` the cost of a host hit.
+The fidelity replay never has one (the engine it is checked against had none).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class Plan:
     capacities: list[int]  # tokens
     engine: str | None  # passed to simulate() when not None
     notes: list[str]
+    host_blocks: int = 0  # a host tier of this many blocks (0: none)
+    prefetch: bool = False
+    load_ms_per_block: float | None = None
 
 
 def split_list(text: str | None) -> list[str]:
@@ -80,7 +86,14 @@ def choose_capacities(requested: Sequence[str], source: Source) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def make_plan(source: Source, policies: Sequence[str], capacities: Sequence[str]) -> Plan:
+def make_plan(
+    source: Source,
+    policies: Sequence[str],
+    capacities: Sequence[str],
+    host_tokens: int | None = None,
+    prefetch: bool = False,
+    load_ms_per_block: float | None = None,
+) -> Plan:
     chosen, notes = choose_policies(policies, source)
     caps = choose_capacities(capacities, source)
     engine = source.trace.engine
@@ -91,7 +104,16 @@ def make_plan(source: Source, policies: Sequence[str], capacities: Sequence[str]
     for cap in caps:
         if cap % bs:
             notes.append(f"capacity {cap} tokens is {cap // bs} whole blocks of {bs}")
-    return Plan(chosen, caps, engine, notes)
+    host_blocks = (host_tokens or 0) // bs
+    if host_tokens is not None and host_blocks < 1:
+        raise KvscopeError(f"--host-tokens {host_tokens} is less than one block of {bs}")
+    if host_blocks and engine not in (None, "vllm"):
+        raise KvscopeError(f"a host tier is simulated on vllm semantics only, not {engine}")
+    if (prefetch or load_ms_per_block is not None) and not host_blocks:
+        raise KvscopeError("--prefetch and --host-load-ms need a host tier: give --host-tokens")
+    if load_ms_per_block is not None and load_ms_per_block < 0:
+        raise KvscopeError("--host-load-ms must be >= 0")
+    return Plan(chosen, caps, engine, notes, host_blocks, prefetch, load_ms_per_block)
 
 
 @dataclass(frozen=True)
@@ -109,15 +131,17 @@ def run_plan(
     """Every policy at every capacity (on_done after each), plus the fidelity replay."""
     trace = source.trace
     kwargs = {"engine": plan.engine} if plan.engine else {}
+    tier = {"host_blocks": plan.host_blocks, "prefetch": plan.prefetch} if plan.host_blocks else {}
     summaries, found = [], None
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
     for policy in plan.policies:
         for cap in plan.capacities:
-            result = simulate(trace, policy, cap // trace.block_size, **kwargs)
-            summaries.append(summarize(trace, result, ms_per_token))
+            result = simulate(trace, policy, cap // trace.block_size, **kwargs, **tier)
+            summaries.append(summarize(trace, result, ms_per_token, plan.load_ms_per_block))
             if (
-                policy == own
+                not tier
+                and policy == own
                 and run_cap is not None
                 and cap // trace.block_size == (run_cap // trace.block_size)
             ):

@@ -7,12 +7,14 @@ hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}}, seconds, ...} plu
 capacity_blocks, recompute_tokens, preempted, evictions, per_transition (same shape as
 per_agent), harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed
 because the evictor agent's allocation evicted what the victim agent had stored) and
-ttft_saved_ms.
+ttft_saved_ms; with a host tier also `tiers` (tiered.py: device / host / prefetched / missed
+tokens per agent, the load time). Recompute tokens are those neither hit nor loaded; host hits
+count in TTFT saved as prefill saved less their load time (null when no load cost was given).
 
-Hit ratio is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` = ms_per_token *
-sum(simulated - measured cached tokens) over the requests whose cached tokens the engine
-measured: positive when the policy would have saved prefill time against the run; null when no
-prefill cost was fitted or nothing was measured. A value not measured is null, never 0.
+Hit ratio (the device's) is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` =
+ms_per_token * sum(simulated - measured cached tokens) over the requests whose cached tokens the
+engine measured: positive when the policy would have saved prefill time against the run; null
+when no prefill cost was fitted or nothing was measured. A value not measured is null, never 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from kvscope.analysis.agents import agent_order
 from kvscope.replay.result import SimResult
+from kvscope.replay.tiered import tier_numbers
 from kvscope.replay.trace import Trace
 
 NO_AGENT = "(no agent)"  # calls no agent was named for (the report's label too)
@@ -48,6 +51,7 @@ class Summary:
     harm: list[dict[str, Any]]
     ttft_saved_ms: float | None
     seconds: float
+    tiers: dict[str, Any] | None = None  # tiered.tier_numbers, with a host tier only
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +70,7 @@ class Summary:
             "harm": self.harm,
             "ttft_saved_ms": self.ttft_saved_ms,
             "seconds": self.seconds,
+            **({"tiers": self.tiers} if self.tiers is not None else {}),
         }
 
 
@@ -94,13 +99,23 @@ def _grouped(labels: list[str], prompt: np.ndarray, cached: np.ndarray, order: l
     }
 
 
-def summarize(trace: Trace, result: SimResult, ms_per_token: float | None = None) -> Summary:
+def summarize(
+    trace: Trace,
+    result: SimResult,
+    ms_per_token: float | None = None,
+    load_ms_per_block: float | None = None,
+) -> Summary:
     """The numbers of one replay (see the module doc)."""
     prompt = trace.prompt_tokens.astype(np.int64)
     cached = np.minimum(result.cached_tokens.astype(np.int64), prompt)
+    loaded = np.minimum(result.host_blocks * result.block_size, prompt - cached)
     agents = [agent_label(a) for a in trace.agents]
     transitions = [t or NO_AGENT for t in (trace.transition(i) for i in range(len(trace)))]
     total = int(prompt.sum())
+    tiers = tier_numbers(trace, result, agents, load_ms_per_block)
+    saved = ttft_saved_ms(trace, cached + loaded, ms_per_token)
+    if tiers is not None and saved is not None and tiers["host_tokens"]:
+        saved = None if tiers["load_ms"] is None else saved - tiers["load_ms"]
     return Summary(
         policy=result.policy,
         capacity_tokens=result.capacity_blocks * result.block_size,
@@ -109,14 +124,15 @@ def summarize(trace: Trace, result: SimResult, ms_per_token: float | None = None
         prompt_tokens=total,
         cached_tokens=int(cached.sum()),
         hit_ratio=float(cached.sum()) / total if total else None,
-        recompute_tokens=int((prompt - cached).sum()),
+        recompute_tokens=int((prompt - cached - loaded).sum()),
         preempted=int(result.preempted.sum()),
         evictions=int(result.evictions),
         per_agent=_grouped(agents, prompt, cached, ordered_agents(trace)),
         per_transition=_grouped(transitions, prompt, cached, []),
         harm=harm_pairs(trace, result),
-        ttft_saved_ms=ttft_saved_ms(trace, cached, ms_per_token),
+        ttft_saved_ms=saved,
         seconds=float(result.seconds),
+        tiers=tiers,
     )
 
 

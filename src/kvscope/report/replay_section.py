@@ -141,6 +141,31 @@ def _harm_table(results: Sequence[dict[str, Any]]) -> Table | None:
     )
 
 
+def _tier_table(results: Sequence[dict[str, Any]]) -> Table | None:
+    """Per replay with a host tier and per agent: device / host / prefetched / missed tokens."""
+    rows = [
+        [
+            _label(r),
+            agent,
+            *(fmt(t[k], "int") for k in ("device_tokens", "host_tokens", "prefetched_tokens")),
+            fmt(t["missed_tokens"], "int"),
+            fmt(t["load_ms"], "ms"),
+        ]
+        for r in results
+        if r.get("tiers")
+        for agent, t in r["tiers"]["per_agent"].items()
+    ]
+    if not rows:
+        return None
+    return Table(
+        "two tiers: where each agent's prompt tokens came from",
+        ["replay", "agent", "device", "host", "of which prefetched", "missed", "load ms"],
+        rows,
+        "host hits are loaded instead of recomputed; prefetched ones before the call",
+        [True, True, False, False, False, False, False],
+    )
+
+
 def fidelity_section(fid: dict[str, Any] | None) -> Section:
     """The replay under the engine's own policy at the run's capacity vs the measured tokens."""
     title = "Replay fidelity (engine's own policy, run's capacity, vs measured)"
@@ -218,7 +243,7 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
         if fit
         else "TTFT saved: null (no prefill cost could be fitted from the source)"
     )
-    harm = _harm_table(results)
+    harm, tiers = _harm_table(results), _tier_table(results)
     if harm is None:
         notes.append("harmful evictions: none in any replay")
     main = Section(
@@ -232,6 +257,7 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
             _grouped_table(results, "per_agent", "per agent", "agent"),
             _grouped_table(results, "per_transition", "per transition", "transition"),
             *([harm] if harm else []),
+            *([tiers] if tiers else []),
         ],
         notes,
     )
