@@ -113,10 +113,10 @@ def write_run_traces(analysis: RunAnalysis, tracking: TrackingRun) -> TraceWrite
     )
 
 
-def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float]:
+def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float | None]:
     """The MLflow run's metrics: per-agent summaries, /metrics, reconciliation, KV, time split."""
     a = analysis
-    out = agent_metrics([*a.agents, a.total])
+    out: dict[str, float | None] = dict(agent_metrics([*a.agents, a.total]))
     out |= {f"server.{k}": v for k, v in a.server.items()}
     out |= {
         f"server.{agent}.{k}": v for agent, view in a.server_agents.items() for k, v in view.items()

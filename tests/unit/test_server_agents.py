@@ -71,8 +71,30 @@ def test_fresh_engine_counts_from_the_first_scrape() -> None:
 
 
 def test_agent_without_hits_has_zero_cached_tokens() -> None:
+    """SGLang creates an agent's cached_tokens_total series at its first hit: where the engine
+    exports the counter (another agent has one), an agent without a series had no hit."""
+    rows = [
+        _row(1, "running_requests", "sglang:num_running_reqs", None, 0.0),
+        _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "worker", 2400.0),
+        _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "critic", 800.0),
+        _row(2, "cached_tokens_total", "sglang:cached_tokens_total", "critic", 64.0),
+    ]
+    assert per_agent_server(rows)["worker"] == {"prompt_tokens": 2400.0, "cached_tokens": 0.0}
+
+
+def test_cached_tokens_unknown_when_the_engine_never_exported_the_counter() -> None:
     rows = [
         _row(1, "running_requests", "sglang:num_running_reqs", None, 0.0),
         _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "worker", 2400.0),
     ]
-    assert per_agent_server(rows)["worker"] == {"prompt_tokens": 2400.0, "cached_tokens": 0.0}
+    assert per_agent_server(rows)["worker"] == {"prompt_tokens": 2400.0, "cached_tokens": None}
+
+
+def test_a_series_without_a_known_value_is_unknown_not_zero() -> None:
+    nan = float("nan")
+    rows = [
+        _row(1, "prompt_tokens_total", "sglang:prompt_tokens_total", "worker", nan),
+        _row(2, "prompt_tokens_total", "sglang:prompt_tokens_total", "worker", nan),
+        _row(2, "cached_tokens_total", "sglang:cached_tokens_total", "worker", 10.0),
+    ]
+    assert per_agent_server(rows)["worker"]["prompt_tokens"] is None

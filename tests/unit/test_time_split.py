@@ -109,3 +109,12 @@ def test_nothing_without_the_engines_histograms() -> None:
     assert time_split(ROWS, []) == []
     only_usage = [sample(1, "kv_usage", "vllm:kv_cache_usage_perc", 0.1, LABELS[0])]
     assert time_split(ROWS, only_usage) == []
+
+
+def test_a_histogram_with_no_known_value_is_unknown_not_zero() -> None:
+    """Every scrape of the count was NaN: the engine's request count is not 0, it is unknown."""
+    nan = float("nan")
+    rows = histogram("ttft_seconds", "x:ttft", [(10, [(nan, 1.0)]), (20, [(nan, 1.5)])])
+    assert histogram_sums(rows) == {"ttft_seconds": (None, pytest.approx(500))}
+    (ttft,) = time_split(ROWS, rows)
+    assert ttft.engine_requests is None and not ttft.matched and ttft.client_side_ms is None

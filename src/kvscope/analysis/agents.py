@@ -46,14 +46,16 @@ def agent_key(order: AgentOrder = ()) -> Callable[[str | None], tuple[int, int, 
 
 
 def weighted_hit_ratio(rows: Iterable[dict[str, Any]]) -> float | None:
-    """sum(cached_tokens) / sum(prompt_tokens) over the rows where both were measured."""
+    """sum(cached_tokens) / sum(prompt_tokens) over the measured rows (status ok, both known);
+    None when there is none or their prompt tokens sum to 0."""
     pairs = [(r["cached_tokens"], r["prompt_tokens"]) for r in rows if _known(r)]
     prompt = sum(p for _, p in pairs)
     return sum(c for c, _ in pairs) / prompt if prompt else None
 
 
 def recompute_burden(rows: Iterable[dict[str, Any]]) -> int | None:
-    """sum(max(prompt_tokens - cached_tokens, 0)): prompt tokens computed instead of reused."""
+    """sum(max(prompt_tokens - cached_tokens, 0)) over the measured rows (status ok, both
+    known): prompt tokens computed instead of reused; None when no row is measured."""
     known = [r for r in rows if _known(r)]
     if not known:
         return None
@@ -125,7 +127,12 @@ def _summary(agent: str, rows: list[dict[str, Any]]) -> AgentSummary:
 
 
 def _known(row: dict[str, Any]) -> bool:
-    return row.get("cached_tokens") is not None and row.get("prompt_tokens") is not None
+    """A measured row (the design note's rule): the call succeeded and both counts are known."""
+    return (
+        row.get("status") == STATUS_OK
+        and row.get("cached_tokens") is not None
+        and row.get("prompt_tokens") is not None
+    )
 
 
 def as_table(summaries: Sequence[AgentSummary]) -> pa.Table:

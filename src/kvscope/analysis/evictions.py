@@ -22,7 +22,7 @@ UNKNOWN = "unknown"
 class TransitionHarm:
     transition: str  # of the request that recomputed: previous agent -> agent
     harmful: int
-    recomputed_tokens: int
+    recomputed_tokens: int | None  # None when a harmful block's count is unknown
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ def matrix(blocks: pa.Table, order: AgentOrder = ()) -> pa.Table:
       count(*) FILTER (WHERE evictor_workflow_run_id = owner_workflow_run_id) AS same_workflow,
       count(*) FILTER (WHERE harmful) AS harmful,
       CASE WHEN count(recomputed_tokens) > 0
+        AND count(*) FILTER (WHERE harmful AND recomputed_tokens IS NULL) = 0
         THEN CAST(coalesce(sum(recomputed_tokens) FILTER (WHERE harmful), 0) AS BIGINT)
       END AS recomputed_tokens,
       quantile_cont(residency_ms, 0.5) AS residency_ms_p50
@@ -73,15 +74,23 @@ def matrix(blocks: pa.Table, order: AgentOrder = ()) -> pa.Table:
     return query(sql, blocks=blocks)
 
 
+def known_sum(values: Sequence[int | float | None]) -> float | None:
+    """The sum, or None when any value is unknown (an unknown count is not 0)."""
+    return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+
+
 def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
-    """Harmful evictions by the transition (previous agent -> agent) of the request that paid."""
-    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    """Harmful evictions by the transition (previous agent -> agent) of the request that paid;
+    most recomputed tokens first (unknown counts last)."""
+    out: dict[str, list[int | None]] = defaultdict(list)
     for b in _evicted(blocks):
         if b["harmful"]:
-            t = out[b["needed_by_transition"] or UNKNOWN]
-            t[0] += 1
-            t[1] += b["recomputed_tokens"] or 0
-    return [TransitionHarm(k, *v) for k, v in sorted(out.items(), key=lambda kv: -kv[1][1])]
+            out[b["needed_by_transition"] or UNKNOWN].append(b["recomputed_tokens"])
+    harms = [
+        TransitionHarm(k, len(v), None if (t := known_sum(v)) is None else int(t))
+        for k, v in out.items()
+    ]
+    return sorted(harms, key=lambda h: (h.recomputed_tokens is None, -(h.recomputed_tokens or 0)))
 
 
 def residency(blocks: Sequence[dict[str, Any]], order: AgentOrder = ()) -> list[Residency]:
@@ -99,19 +108,23 @@ def residency(blocks: Sequence[dict[str, Any]], order: AgentOrder = ()) -> list[
     return out
 
 
-def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Run-level numbers for MLflow: eviction counts, harm, and the worst evictor -> victim pair."""
+def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Run-level numbers for MLflow: eviction counts, harm, and the recomputed tokens overall
+    (0 with no eviction; None when no evicted block has it measured) and per evictor -> victim pair (None where a
+    harmful block's count is unknown)."""
     ev = _evicted(blocks)
-    out: dict[str, float] = {
+    harmful = [b for b in ev if b["harmful"]]
+    out: dict[str, float | None] = {
         "blocks_stored": float(len(blocks)),
         "blocks_evicted": float(len(ev)),
-        "harmful_evictions": float(sum(bool(b["harmful"]) for b in ev)),
-        "recomputed_tokens": float(sum(b["recomputed_tokens"] or 0 for b in ev)),
+        "harmful_evictions": float(len(harmful)),
+        "recomputed_tokens": known_sum([b["recomputed_tokens"] for b in harmful])
+        if not ev or any(b["recomputed_tokens"] is not None for b in ev)
+        else None,
         "evictions_unattributed_evictor": float(sum(b["evictor_agent_id"] is None for b in ev)),
     }
-    for b in ev:
-        if b["harmful"]:
-            pair = f"{b['evictor_agent_id'] or UNKNOWN}_to_{b['owner_agent_id'] or UNKNOWN}"
-            key = f"harm.{pair}.recomputed_tokens"
-            out[key] = out.get(key, 0.0) + (b["recomputed_tokens"] or 0)
-    return out
+    pairs: dict[str, list[int | None]] = defaultdict(list)
+    for b in harmful:
+        pair = f"{b['evictor_agent_id'] or UNKNOWN}_to_{b['owner_agent_id'] or UNKNOWN}"
+        pairs[f"harm.{pair}.recomputed_tokens"].append(b["recomputed_tokens"])
+    return out | {key: known_sum(v) for key, v in pairs.items()}

@@ -3,18 +3,26 @@
 from collections.abc import Sequence
 from typing import Any
 
-from kvscope.records.requests import PROVENANCE_COLUMNS
+from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
 
 Row = dict[str, Any]
 
 
 def by_agent(rows: Sequence[Row]) -> dict[str, dict[str, int]]:
-    """Provenance columns summed per agent over the rows that have them."""
+    """Provenance columns summed per agent over its successful rows that have them, with their
+    coverage: `provenance_calls` (the rows summed) of `calls` (the agent's successful rows)."""
     out: dict[str, dict[str, int]] = {}
+    calls: dict[str, int] = {}
     for r in rows:
+        if r.get("status") != STATUS_OK:
+            continue
+        calls[r["agent_id"]] = calls.get(r["agent_id"], 0) + 1
         if r.get("cached_self_tokens") is None:
             continue
-        sums = out.setdefault(r["agent_id"], dict.fromkeys(PROVENANCE_COLUMNS, 0))
+        sums = out.setdefault(
+            r["agent_id"], {"provenance_calls": 0, **dict.fromkeys(PROVENANCE_COLUMNS, 0)}
+        )
+        sums["provenance_calls"] += 1
         for c in PROVENANCE_COLUMNS:
             sums[c] += r[c]
-    return out
+    return {a: {"calls": calls[a], **sums} for a, sums in out.items()}

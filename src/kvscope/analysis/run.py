@@ -58,7 +58,7 @@ class RunAnalysis:
     scrape: ScrapeSummary | None  # the sampler's numbers; None when it wrote no series
     scrape_error: str | None  # the sampler's own failure, as the capture recorded it
     server: dict[str, float]
-    server_agents: dict[str, dict[str, float]]  # SGLang's `agent` metric label
+    server_agents: dict[str, dict[str, float | None]]  # SGLang's `agent` metric label
     reconciliation: list[Reconciliation]
     time_split: list[TimeSplit]  # client / engine front end / core
     # Level 3: the block table; None without KV events
@@ -103,7 +103,7 @@ class RunAnalysis:
         """`agents` as a table (AgentSummary's fields as columns)."""
         return as_table(self.agents)
 
-    def eviction_summary(self) -> dict[str, float]:
+    def eviction_summary(self) -> dict[str, float | None]:
         """Run-level eviction numbers (blocks evicted, harm, per evictor -> victim pair)."""
         return evictions.summary(self.blocks) if self.blocks is not None else {}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import agent_key, weighted_hit_ratio
+from kvscope.analysis.agents import agent_key
 from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, order_sql, query, table_order
 
 ALL = "all"
@@ -19,7 +19,9 @@ SHARING_ORDER = ("none", "system", "task", "documents", "branch")
 UNKNOWN = "unknown"
 LOSS_THRESHOLD = 0.9
 
+# Level 3's sum comes with its coverage: provenance_calls = the successful calls it sums over.
 _EXTRA = """,
+  count(cached_cross_agent_tokens) FILTER (WHERE status = 'ok') AS provenance_calls,
   CAST(sum(cached_cross_agent_tokens) FILTER (WHERE status = 'ok') AS BIGINT)
     AS cached_cross_agent_tokens,
   avg(first_divergence_previous_agent) FILTER (WHERE status = 'ok')
@@ -87,8 +89,9 @@ def layout_comparison(runs: Mapping[str, pa.Table]) -> pa.Table:
 
     Columns: run, prompt_layout (the run's layouts, comma-joined; "unknown" when unrecorded),
     agent_id ("all" = the run), calls, failed, measured, prompt_tokens, cached_tokens,
-    weighted_hit_ratio, recompute_burden, ttft_p50_ms, cached_cross_agent_tokens (Level 3; null
-    when not measured), first_divergence_previous_agent_mean, max_reusable_tokens_mean (prompt
+    weighted_hit_ratio, recompute_burden, ttft_p50_ms, provenance_calls (the successful calls
+    with Level 3 provenance), cached_cross_agent_tokens (their sum; null when none has it),
+    first_divergence_previous_agent_mean, max_reusable_tokens_mean (prompt
     instrumentation; null when not measured), prompt_tokens_mean.
     """
     parts = [
@@ -205,12 +208,18 @@ def _first_loss(
 
 
 def pooled(rows: Sequence[dict[str, Any]], axis: str) -> dict[Any, float]:
-    """Weighted hit ratio per point of the axis, pooled over all the rows (runs) at that point."""
+    """Weighted hit ratio per point of the axis, pooled over all the rows (per-run agent sums)
+    at that point: sum cached / sum prompt over the rows with both known."""
     out = {}
     for at in {r[axis] for r in rows}:
-        ratio = weighted_hit_ratio(r for r in rows if r[axis] == at)
-        if ratio is not None:
-            out[at] = ratio
+        known = [
+            r
+            for r in rows
+            if r[axis] == at and r["cached_tokens"] is not None and r["prompt_tokens"] is not None
+        ]
+        prompt = sum(r["prompt_tokens"] for r in known)
+        if prompt:
+            out[at] = sum(r["cached_tokens"] for r in known) / prompt
     return out
 
 

@@ -61,8 +61,11 @@ class TimeSplit:
         }
 
 
-def histogram_sums(series: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
-    """kvscope latency name -> (count, sum in ms) over the run, summed over label sets."""
+def histogram_sums(
+    series: Iterable[Mapping[str, Any]],
+) -> dict[str, tuple[float | None, float | None]]:
+    """kvscope latency name -> (count, sum in ms) over the run, summed over label sets; a part
+    is None when one of its series has no known value."""
 
     def key(row: Mapping[str, Any]) -> tuple[str, str, str] | None:
         name, part = row.get("kvscope_name"), histogram_part(row["metric_name"])
@@ -70,14 +73,16 @@ def histogram_sums(series: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float
             return None
         return name, part, row["labels"]
 
-    parts: dict[tuple[str, str], float] = {}
+    parts: dict[tuple[str, str], float | None] = {}
     for (name, part, _), delta in series_deltas(series, key).items():
-        parts[(name, part)] = parts.get((name, part), 0.0) + delta
-    return {
-        name: (parts[(name, "count")], parts[(name, "sum")] * 1000)
-        for name, part in parts
-        if part == "count" and (name, "sum") in parts
-    }
+        before = parts.get((name, part), 0.0)
+        parts[(name, part)] = None if before is None or delta is None else before + delta
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for (name, part), count in parts.items():
+        if part == "count" and (name, "sum") in parts:
+            total = parts[(name, "sum")]
+            out[name] = (count, None if total is None else total * 1000)
+    return out
 
 
 def time_split(
@@ -97,7 +102,7 @@ def time_split(
             TimeSplit(
                 span=span,
                 rows=len(measured),
-                engine_requests=round(count),
+                engine_requests=None if count is None else round(count),
                 client_ms=sum(r[column] for r in measured) if measured else None,
                 engine_ms=engine_ms if count else None,
                 core_ms=sum(r[c] for r in measured for c in core_parts)

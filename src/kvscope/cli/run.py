@@ -151,7 +151,11 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
         else:
             console.print("evictions: none")
     if a.harm:
-        worst = ", ".join(f"{h.transition} {h.recomputed_tokens:,}" for h in a.harm)
+        worst = ", ".join(
+            f"{h.transition} "
+            + ("unknown" if h.recomputed_tokens is None else f"{h.recomputed_tokens:,}")
+            for h in a.harm
+        )
         console.print(f"recomputed tokens after harmful evictions, by transition: {worst}")
     for r in a.reconciliation:
         if r.exact:

@@ -28,9 +28,10 @@ def counter_delta(values: Iterable[float | None]) -> float | None:
 
 def series_deltas(
     rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], K | None]
-) -> dict[K, float]:
+) -> dict[K, float | None]:
     """Each series' increase over a run, from metrics.parquet rows; `key` names a row's series
-    (include its labels) or skips it (None).
+    (include its labels) or skips it (None). None for a series none of whose values is known
+    (never 0: an unmeasured counter is not a counter that stayed still).
 
     A series first seen after the run's first scrape started at 0: engines create a labelled
     counter at its first increment.
@@ -42,12 +43,12 @@ def series_deltas(
         k = key(row)
         if k is not None:
             points[k].append((row["timestamp_ns"], row["value"]))
-    out: dict[K, float] = {}
+    out: dict[K, float | None] = {}
     for k, pts in points.items():
         pts.sort()
         if first is not None and pts[0][0] > first:
             pts.insert(0, (first, 0.0))
-        out[k] = counter_delta(v for _, v in pts) or 0.0
+        out[k] = counter_delta(v for _, v in pts)
     return out
 
 

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -119,10 +120,10 @@ class TrackingRun:
             self.client.log_batch(self.run_id, params=items[i : i + _PARAMS_PER_BATCH])
         return self.run_id
 
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Run-level summaries (logged once, step 0)."""
+    def log_metrics(self, metrics: Mapping[str, float | None]) -> None:
+        """Run-level summaries (logged once, step 0); an unmeasured (None) value is not logged."""
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
         self.client.log_batch(self._run(), metrics=batch)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:

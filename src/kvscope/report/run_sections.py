@@ -91,6 +91,8 @@ def provenance_table(run: RunAnalysis) -> Table:
     data = pa.Table.from_pylist([{"agent_id": a, **v} for a, v in run.provenance.items()])
     cols = (
         Column("agent_id", "agent", "text"),
+        Column("calls", "calls"),
+        Column("provenance_calls", "with provenance"),
         *(Column(name, label) for name, label, _ in plots.PROVENANCE_PARTS),
     )
     return table(data, cols, "per agent (tokens)")
