@@ -110,8 +110,8 @@ def residency(blocks: Sequence[dict[str, Any]], order: AgentOrder = ()) -> list[
 
 def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """Run-level numbers for MLflow: eviction counts, harm, and the recomputed tokens overall
-    (0 with no eviction; None when no evicted block has it measured) and per evictor -> victim pair (None where a
-    harmful block's count is unknown)."""
+    (0 with no eviction; None when no evicted block has it measured) and per evictor -> victim
+    pair (None where a harmful block's count is unknown)."""
     ev = _evicted(blocks)
     harmful = [b for b in ev if b["harmful"]]
     out: dict[str, float | None] = {

@@ -3,10 +3,14 @@
 Used by the interception of an app's calls (probe/intercept.py, probe/wire.py), so that every
 call's stream, usage and failure are read the same way:
 
-- TTFT: submission -> the first content token; TPOT: first -> last content token over
-  (output_tokens - 1); e2e: submission -> the end of the reply. A non-streamed reply has e2e only.
-- usage: prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens, from the usage
-  chunk of a stream or the body of a reply; what the engine did not report stays None.
+- TTFT: submission -> the first generated token, content or reasoning (a reasoning model's
+  stream starts with `reasoning_content` deltas, vLLM's and SGLang's reasoning parsers; newer
+  vLLM names the field `reasoning`); TPOT: first -> last generated token of either kind over
+  (output_tokens - 1), output_tokens counting both; e2e: submission -> the end of the reply. A
+  non-streamed reply has e2e only.
+- usage: prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens and
+  completion_tokens_details.reasoning_tokens, from the usage chunk of a stream or the body of a
+  reply; what the engine did not report stays None.
 - a failure is (status, error_type, error_message): `timeout`, `http_<code>`, `connection`,
   `malformed_stream`, `incomplete_stream`.
 """
@@ -57,15 +61,18 @@ class Seen:
     response_id: str | None = None
 
     def take_chunk(self, chunk: dict[str, Any], now: float) -> None:
-        """One streamed chunk (chat `delta.content` or completions `text`), read at `now`."""
+        """One streamed chunk (chat `delta.content` or completions `text`, or a reasoning
+        model's `delta.reasoning_content` / `delta.reasoning`), read at `now`."""
         self.response_id = self.response_id or chunk.get("id")
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             text = delta.get("content") or choice.get("text")
-            if text:
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if text or thought:
                 if self.first_token is None:
                     self.first_token = now
                 self.last_token = now
+            if text:
                 self.content += text
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
@@ -92,6 +99,8 @@ def measured(seen: Seen, t0: float, t_end: float, start_ns: int) -> dict[str, An
     output_tokens = usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    out_details = usage.get("completion_tokens_details")
+    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
     new_prefill, ratio = derived_cache(prompt_tokens, cached)
     first, last = seen.first_token, seen.last_token
     tpot = None
@@ -102,6 +111,7 @@ def measured(seen: Seen, t0: float, t_end: float, start_ns: int) -> dict[str, An
         "sglang_response_id": seen.response_id,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
+        "reasoning_tokens": reasoning,
         "cached_tokens": cached,
         "new_prefill_tokens": new_prefill,
         "reported_cache_hit_ratio": ratio,

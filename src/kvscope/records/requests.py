@@ -53,7 +53,8 @@ class RequestRecord:
     model_name: str
     sglang_response_id: str | None
     prompt_tokens: int | None
-    output_tokens: int | None
+    output_tokens: int | None  # generated tokens, a reasoning model's reasoning included
+    reasoning_tokens: int | None = None  # of output_tokens, where the engine reports them
     # cache
     cached_tokens: int | None
     new_prefill_tokens: int | None
