@@ -34,6 +34,7 @@ from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
 from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache, running
+from kvscope.engines.watch import EngineDeath, EngineWatch
 from kvscope.errors import EngineError
 from kvscope.probe import child
 from kvscope.probe.intercept import Interceptor
@@ -77,12 +78,22 @@ class CaptureSession:
         self.model: str | None = None  # the served model name, once open
         self._scraper: MetricsScraper | None = None
         self._listener: KvEventListener | None = None
+        self._watch: EngineWatch | None = None
         self._closed = False
 
     @property
     def measuring(self) -> bool:
         """Whether the session got as far as its MLflow run: then what it holds is kept."""
         return self.tracking is not None
+
+    @property
+    def engine_death(self) -> EngineDeath | None:
+        """When and how the engine died during the session; None while it serves (or unknown)."""
+        return self._watch.death if self._watch is not None else None
+
+    def engine_gone(self) -> bool:
+        """Whether the engine is known dead: a workload stops sending then."""
+        return self._watch is not None and self._watch.gone()
 
     @property
     def context(self) -> CallContext:
@@ -136,6 +147,9 @@ class CaptureSession:
         self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
         self._streams.on_row = self._on_row
         self._start_collectors(caps, handle)
+        proc = handle.process
+        health = f"{handle.endpoints.base_url}{self.engine.health_path}"
+        self._watch = EngineWatch(health, exit_code=proc.exit_code if proc else None).start()
 
     @property
     def _store_prompts(self) -> bool:
@@ -169,6 +183,8 @@ class CaptureSession:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.stop()  # before the engine is stopped on purpose
         try:
             if self._streams is not None:
                 self._streams.close()  # and the rows of programs it ran (child_env), merged

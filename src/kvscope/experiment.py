@@ -43,7 +43,8 @@ def run_experiment(cfg: ExperimentConfig, hooks: Hooks | None = None) -> RunOutc
         if not session.measuring:  # nothing was measured yet: nothing to keep
             raise
         failure = err
-    outcome = conclude(session, WorkloadOutcome.of(results), failure, hooks.on_stage)
+    workload = WorkloadOutcome.of(results, planned=cfg.workload.workflows)
+    outcome = conclude(session, workload, failure, hooks.on_stage)
     if isinstance(failure, KeyboardInterrupt | SystemExit):
         raise failure
     return outcome
@@ -65,6 +66,7 @@ def drive(
                 thread_prefix=session.run_id,
                 tokenizer=tokenizer,
                 on_workflow_done=lambda _: hooks.on_workflow_done(),
+                should_stop=session.engine_gone,
             )
         )
 

@@ -44,6 +44,7 @@ from kvscope.probe.child import MODEL_ENV
 from kvscope.probe.intercept import Interceptor
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
 from kvscope.records.requests import load_table
+from kvscope.records.status import RunStatus, write_status
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,16 @@ def conclude(
     assert session.tracking is not None
     on_stage("writing the request table")
     finalize(session.run_dir, session.exported_timings())
+    rows = load_table(session.run_dir).select(["status", "end_ns"]).to_pylist()
+    death = session.engine_death
+    status = RunStatus.of(
+        rows,
+        death=None if death is None else (death.at_ns, death.reason),
+        failure=failure,
+        planned=workload.planned,
+        ran=workload.workflows,
+    )
+    write_status(session.run_dir, status)
     analysis = analyze_run(session.run_dir)
     return publish(
         analysis,

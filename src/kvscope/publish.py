@@ -27,14 +27,18 @@ class _Workflow(Protocol):
 class WorkloadOutcome:
     """What the workload driver knows beyond the request rows; None: not known (a user's app)."""
 
-    workflows: int | None = None
+    workflows: int | None = None  # workflows run
     failed: int | None = None  # workflows ended by a failed call
     unparsed_verdicts: int | None = None  # Reviewer verdicts treated as REVISE
+    planned: int | None = None  # workflows the configuration asked for
 
     @classmethod
-    def of(cls, results: Sequence[_Workflow]) -> "WorkloadOutcome":
+    def of(cls, results: Sequence[_Workflow], planned: int | None = None) -> "WorkloadOutcome":
         return cls(
-            len(results), sum(not r.ok for r in results), sum(r.unparsed_verdicts for r in results)
+            len(results),
+            sum(not r.ok for r in results),
+            sum(r.unparsed_verdicts for r in results),
+            planned,
         )
 
 
@@ -97,8 +101,13 @@ def publish(
             tracking.log_artifact(analysis.run_dir / name)
     # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
     expected = write_run_traces(analysis, tracking).expected if traces else 0
-    audit = tracking.finish(expected, status="FINISHED" if failure is None else "FAILED")
+    status = analysis.run.get("status") or {}
     error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
+    if status.get("state", "complete") != "complete":
+        error = status.get("reason") or error
+    tracking.set_tags({"kvscope.status": status.get("state", "unknown"),
+                       "kvscope.status_reason": status.get("reason") or ""})  # fmt: skip
+    audit = tracking.finish(expected, status="FINISHED" if error is None else "FAILED")
     return RunOutcome(analysis, workload, tracking.run_id, tracking.tracking_uri, audit, error)
 
 

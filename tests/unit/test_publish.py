@@ -14,6 +14,7 @@ from kvscope.finalize import finalize
 from kvscope.probe.tracing import TraceAudit
 from kvscope.publish import WorkloadOutcome, publish, run_metrics
 from kvscope.records import run_dir as files
+from kvscope.records.status import RunStatus, write_status
 
 RUN = "fixture-pressure-20261123-190437-ee5775"  # evictions, exact reconciliation
 
@@ -27,6 +28,10 @@ class FakeTracking:
     metrics: dict[str, float] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
     finished: tuple[int, str] | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.tags.update(tags)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics.update(metrics)
@@ -50,6 +55,7 @@ def analysis(tmp_path: Path) -> RunAnalysis:
 def test_every_file_renders_the_one_analysis(analysis: RunAnalysis) -> None:
     tracking = FakeTracking()
     outcome = publish(analysis, tracking, WorkloadOutcome(2, 0, 0), traces=False)  # type: ignore[arg-type]
+    assert tracking.tags["kvscope.status"] == "unknown"  # recorded before runs had a status
     run_dir = analysis.run_dir
     assert json.loads((run_dir / files.SUMMARY_JSON).read_text()) == json.loads(
         json.dumps(analysis.summary())
@@ -75,6 +81,22 @@ def test_a_failed_run_ends_its_mlflow_run_failed(analysis: RunAnalysis) -> None:
                       traces=False)  # fmt: skip
     assert tracking.finished == (0, "FAILED")  # the traces expected: test_traces.py
     assert outcome.error == "KeyboardInterrupt"
+
+
+def test_a_run_whose_engine_died_is_failed_everywhere(analysis: RunAnalysis) -> None:
+    rows = analysis.requests.select(["status", "end_ns"]).to_pylist()
+    died_at = sorted(r["end_ns"] for r in rows)[3]  # after the 4th call
+    status = RunStatus.of(rows, death=(died_at, "the engine process exited with status -9"),
+                          planned=4, ran=2)  # fmt: skip
+    write_status(analysis.run_dir, status)
+    again = analyze_run(analysis.run_dir)
+    tracking = FakeTracking()
+    outcome = publish(again, tracking, WorkloadOutcome(2, 0, 0, 4), traces=False)  # type: ignore[arg-type]
+    assert tracking.finished == (0, "FAILED") and tracking.tags["kvscope.status"] == "engine_died"
+    assert outcome.error == status.reason and "after 4 successful call(s)" in outcome.error
+    summary = json.loads((analysis.run_dir / "summary.json").read_text())
+    assert summary["status"]["state"] == "engine_died"
+    assert summary["status"]["workflows_not_run"] == 2
 
 
 def test_unknown_workload_counts_are_left_out_not_zero(analysis: RunAnalysis) -> None:

@@ -110,6 +110,7 @@ class RunAnalysis:
     def summary(self) -> dict[str, Any]:
         """summary.json."""
         return {
+            "status": self.run.get("status"),  # how the run ended (records/status.py)
             "agents": [asdict(a) for a in self.agents],
             "total": asdict(self.total),
             "server": self.server,

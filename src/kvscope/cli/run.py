@@ -86,6 +86,8 @@ def run(
         outcome = run_experiment(cfg, hooks)
         bar.update(task, description="done")
     show(outcome, verdicts=w.loop != "fixed" or w.workflow != "peer")
+    if outcome.error:  # the numbers do not cover the whole workload (summary.json's status)
+        raise typer.Exit(1)
 
 
 def _workflow_line(w: WorkloadConfig) -> str:

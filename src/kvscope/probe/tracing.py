@@ -32,6 +32,7 @@ from mlflow import MlflowClient
 from mlflow.entities import (
     Metric,
     Param,
+    RunTag,
     Trace,
 )
 
@@ -125,6 +126,9 @@ class TrackingRun:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
         self.client.log_batch(self._run(), metrics=batch)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(self._run(), tags=[RunTag(k, v) for k, v in tags.items()])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self._run(), str(path), artifact_path)

@@ -71,13 +71,15 @@ async def run_workflows(
     tokenizer: "Tokenizer | None" = None,
     client: openai.AsyncOpenAI | None = None,
     on_workflow_done: Callable[[WorkflowResult], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[WorkflowResult]:
     """Run cfg.workflows PEER workflows against `model` at `base_url`, at most cfg.concurrency at
     once; results in index order. Workflow i runs on thread `<thread_prefix>-t<i:03d>`.
 
     `client` replaces the default one (`client_for`), e.g. with another transport; it is not
-    closed here. A failed LLM call ends only its own workflow. An exception (a bug, not a failed
-    call) cancels the others and propagates.
+    closed here. A failed LLM call ends only its own workflow. A workflow whose turn comes once
+    `should_stop()` is true (the engine died) is not run: it has no result. An exception (a bug,
+    not a failed call) cancels the others and propagates.
     """
     synthetic: SyntheticPrompts | None = None
     problems: Sequence[Problem | None]
@@ -111,6 +113,8 @@ async def run_workflows(
 
     async def one(index: int) -> None:
         async with gate:
+            if should_stop is not None and should_stop():
+                return
             thread_id = thread_id_for(thread_prefix, index)
             run_id = uuid.uuid4()
             config: RunnableConfig = {
