@@ -8,7 +8,12 @@ the request stream.
 
 What to do with the run directory afterwards is not the session's business: finalize, analyze
 and publish read only the directory. A failure while the session opens closes what was opened
-already; `measuring` says whether anything was (an MLflow run and streams to keep).
+already; `measuring` says whether anything was (a run directory with streams to keep).
+
+The run is local-first: an MLflow tracking server that does not answer at open (checked in
+seconds, before the engine starts) or that fails to open the run leaves `tracking` None with
+`offline` saying why (one warning line); everything is still measured and written to the run
+directory, and `kvscope log RUN` uploads it later (run.json keeps the MLflow params for it).
 
 An app's own calls are captured with `session.intercept()` (probe/intercept.py: every call the
 process makes to the engine, through the OpenAI SDK, ChatOpenAI or httpx, is a row); a program
@@ -17,6 +22,7 @@ written beside the session's and merged on close.
 """
 
 import json
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ from typing import Any
 
 import httpx
 import yaml
+from mlflow.exceptions import MlflowException
 
 from kvscope import environment
 from kvscope.collect.kv_events import KvEventListener
@@ -41,7 +48,7 @@ from kvscope.probe.intercept import Interceptor
 from kvscope.probe.params import mlflow_params
 from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.probe.tracing import TrackingRun
+from kvscope.probe.tracing import TrackingRun, local_store_uri, unreachable
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_SUMMARY
@@ -49,11 +56,16 @@ from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET
 from kvscope.records.requests import RequestRecord
 
 
+def _warn(message: str) -> None:
+    print(f"kvscope: warning: {message}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class Hooks:
     """Progress callbacks for the CLI (all optional)."""
 
     on_stage: Callable[[str], None] = lambda _: None
+    on_warning: Callable[[str], None] = _warn
     on_call: Callable[[], None] = lambda: None
     on_workflow_done: Callable[[], None] = lambda: None
 
@@ -71,6 +83,8 @@ class CaptureSession:
         )
         self.engine: Engine = make_engine(cfg.engine)
         self.tracking: TrackingRun | None = None  # set once the MLflow run is open
+        self.offline: str | None = None  # why there is no MLflow run (the run is kept locally)
+        self._measuring = False
         self._stack = ExitStack()
         self._streams: CallStreams | None = None
         self._context: CallContext | None = None
@@ -83,8 +97,9 @@ class CaptureSession:
 
     @property
     def measuring(self) -> bool:
-        """Whether the session got as far as its MLflow run: then what it holds is kept."""
-        return self.tracking is not None
+        """Whether the session got as far as its run directory's streams: then what it holds
+        is kept (with or without an MLflow run)."""
+        return self._measuring
 
     @property
     def engine_death(self) -> EngineDeath | None:
@@ -110,11 +125,11 @@ class CaptureSession:
     def child_env(self) -> dict[str, str]:
         """Environment additions that make a Python program capture its calls into this session
         (probe/child.py) and find the engine (OPENAI_BASE_URL, OPENAI_API_KEY, KVSCOPE_MODEL)."""
-        assert self.base_url is not None and self.model is not None and self.tracking is not None
+        assert self.base_url is not None and self.model is not None
         model_dir = self.engine.model_facts().get("path")
         spec = child.ChildSpec.of(self.context, self.cfg, self.run_dir, self.base_url, model_dir)
-        tracking = self.tracking
-        return child.environment(spec, self.model, tracking.tracking_uri, tracking.experiment_id)
+        t = self.tracking
+        return child.environment(spec, self.model, t and t.tracking_uri, t and t.experiment_id)
 
     def open(self) -> "CaptureSession":
         try:
@@ -126,6 +141,9 @@ class CaptureSession:
 
     def _open(self) -> None:
         cfg, run_dir, stage = self.cfg, self.run_dir, self.hooks.on_stage
+        uri = cfg.tracking.tracking_uri or local_store_uri(cfg.runs_dir)
+        if problem := unreachable(uri):  # before the engine: in seconds, not minutes of retries
+            self._go_offline(f"{problem}; the run is kept locally (kvscope log RUN uploads it)")
         stage(f"starting {self.engine.name}")
         handle = self._stack.enter_context(running(self.engine, run_dir / files.ENGINE_LOG))
         stage("detecting engine capabilities")
@@ -134,13 +152,12 @@ class CaptureSession:
         env = environment.collect(
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts
         )
-        self._write_run_json(handle, env, cache_reset=self._cold_start(handle))
-        stage("opening the MLflow run")
-        self.tracking = TrackingRun.open(cfg.tracking, cfg.runs_dir.resolve())
         params = mlflow_params(cfg, caps.models[0], self.engine.version(), facts, env)
-        self.tracking.start(
-            self.run_id, params, {"benchmark_run_id": self.run_id, "engine": self.engine.name}
-        )
+        self._write_run_json(handle, env, cache_reset=self._cold_start(handle), params=params)
+        self._measuring = True
+        if self.offline is None:
+            stage("opening the MLflow run")
+            self._open_tracking(params)
         chat = _chat_tokenizer(self.engine)
         self.base_url, self.model = handle.endpoints.base_url + "/v1", caps.models[0]
         self._streams = CallStreams(run_dir, tokens=chat is not None, payloads=cfg.tracking.traces)
@@ -154,6 +171,20 @@ class CaptureSession:
     @property
     def _store_prompts(self) -> bool:
         return self.cfg.app.store_prompts if self.cfg.app else self.cfg.workload.store_prompts
+
+    def _open_tracking(self, params: dict[str, Any]) -> None:
+        tags = {"benchmark_run_id": self.run_id, "engine": self.engine.name}
+        try:
+            tracking = TrackingRun.open(self.cfg.tracking, self.cfg.runs_dir.resolve())
+            tracking.start(self.run_id, params, tags)
+        except MlflowException as err:
+            self._go_offline(f"MLflow could not open the run ({err}); kept locally")
+            return
+        self.tracking = tracking
+
+    def _go_offline(self, why: str) -> None:
+        self.offline = why
+        self.hooks.on_warning(why)
 
     def _on_row(self, record: RequestRecord) -> None:
         self.hooks.on_call()
@@ -234,9 +265,12 @@ class CaptureSession:
             chat_template_name=f"sha256:{digest[:12]}" if digest else None,
         )
 
-    def _write_run_json(self, handle: RunningEngine, env: dict[str, Any], cache_reset: str) -> None:
+    def _write_run_json(
+        self, handle: RunningEngine, env: dict[str, Any], cache_reset: str, params: dict[str, Any]
+    ) -> None:
         launch = handle.launch.shell() if handle.launch else None
         run = {
+            "mlflow_params": params,  # what the MLflow run was (or `kvscope log` will be) given
             "benchmark_run_id": self.run_id,
             "configuration_hash": config_hash(self.cfg),
             "config": self.cfg.model_dump(mode="json"),

@@ -21,6 +21,7 @@ the same inside a running event loop; starting the engine and finalizing block t
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -218,7 +219,6 @@ def conclude(
 ) -> RunOutcome:
     """A closed session's run directory -> tables, analysis, report, MLflow: what `kvscope run`
     and `kvscope profile` do after the workload, also after a failure (then recorded)."""
-    assert session.tracking is not None
     on_stage("writing the request table")
     finalize(session.run_dir, session.exported_timings())
     rows = load_table(session.run_dir).select(["status", "end_ns"]).to_pylist()
@@ -230,7 +230,7 @@ def conclude(
         planned=workload.planned,
         ran=workload.workflows,
     )
-    write_status(session.run_dir, status)
+    write_status(session.run_dir, status, workload=asdict(workload))
     analysis = analyze_run(session.run_dir)
     return publish(
         analysis,
@@ -239,6 +239,7 @@ def conclude(
         failure=failure,
         traces=session.cfg.tracking.traces,
         on_stage=on_stage,
+        offline=session.offline,
     )
 
 

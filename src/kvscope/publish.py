@@ -11,11 +11,13 @@ from typing import Protocol
 
 from kvscope.analysis.agents import AgentSummary
 from kvscope.analysis.run import RunAnalysis
-from kvscope.probe.tracing import TraceAudit, TrackingRun
+from kvscope.probe.tracing import TraceAudit, TrackingRun, unreachable
 from kvscope.records import run_dir as files
 from kvscope.report import plots, timeline
 from kvscope.report.pages import write_run_report
 from kvscope.traces import TraceWrite, write_traces
+
+LOGGED_TAG = "kvscope.logged"  # set last: an MLflow run without it was cut off mid-upload
 
 
 class _Workflow(Protocol):
@@ -50,6 +52,7 @@ class RunOutcome:
     tracking_uri: str | None
     audit: TraceAudit | None
     error: str | None = None  # why the run stopped early; what was measured is kept
+    mlflow_error: str | None = None  # why the run is not in MLflow (kvscope log RUN uploads it)
 
     @property
     def benchmark_run_id(self) -> str:
@@ -85,16 +88,54 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
 
 def publish(
     analysis: RunAnalysis,
-    tracking: TrackingRun,
+    tracking: TrackingRun | None,
     workload: WorkloadOutcome,
     *,
     failure: BaseException | None = None,
     traces: bool = True,
     on_stage: Callable[[str], None] = lambda _: None,
+    offline: str | None = None,
 ) -> RunOutcome:
-    """Write the run's files, then log its metrics and files to its MLflow run and end that."""
+    """Write the run's files, then log its metrics and files to its MLflow run and end that.
+
+    Local-first: with no MLflow run (`offline` says why), or an MLflow that fails now, the
+    files are all written and run.json's `mlflow` says the run is not logged; `kvscope log RUN`
+    uploads it later. An MLflow failure never loses what was measured, and is not raised.
+    """
     write_files(analysis, on_stage)
-    on_stage("logging to MLflow")
+    error = run_error(analysis, failure)
+    uri = tracking.tracking_uri if tracking else None
+    problem = (offline or "no MLflow run") if uri is None else unreachable(uri)
+    audit = None
+    if tracking is not None and problem is None:
+        on_stage("logging to MLflow")
+        try:
+            audit = log_run(analysis, tracking, workload, traces=traces, error=error)
+        except Exception as err:  # MLflow's or its HTTP client's: never lose the run for them
+            problem = f"MLflow logging failed: {type(err).__name__}: {err}"
+    mlflow_record(analysis.run_dir, tracking, problem)
+    logged = tracking.run_id if tracking is not None and problem is None else None
+    return RunOutcome(analysis, workload, logged, uri, audit, error, mlflow_error=problem)
+
+
+def run_error(analysis: RunAnalysis, failure: BaseException | None) -> str | None:
+    """Why the run's numbers do not cover its workload (its status), or the failure; None."""
+    status = analysis.run.get("status") or {}
+    error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
+    if status.get("state", "complete") != "complete":
+        error = status.get("reason") or error
+    return error
+
+
+def log_run(
+    analysis: RunAnalysis,
+    tracking: TrackingRun,
+    workload: WorkloadOutcome,
+    *,
+    traces: bool,
+    error: str | None,
+) -> TraceAudit:
+    """The run's metrics, files, traces and status into its (started) MLflow run, then end it."""
     tracking.log_metrics(run_metrics(analysis, workload))
     for name in files.ARTIFACTS:
         if (analysis.run_dir / name).exists():
@@ -102,13 +143,22 @@ def publish(
     # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
     expected = write_run_traces(analysis, tracking).expected if traces else 0
     status = analysis.run.get("status") or {}
-    error = None if failure is None else f"{type(failure).__name__}: {failure}".rstrip(": ")
-    if status.get("state", "complete") != "complete":
-        error = status.get("reason") or error
     tracking.set_tags({"kvscope.status": status.get("state", "unknown"),
-                       "kvscope.status_reason": status.get("reason") or ""})  # fmt: skip
-    audit = tracking.finish(expected, status="FINISHED" if error is None else "FAILED")
-    return RunOutcome(analysis, workload, tracking.run_id, tracking.tracking_uri, audit, error)
+                       "kvscope.status_reason": status.get("reason") or "",
+                       LOGGED_TAG: "true"})  # fmt: skip
+    return tracking.finish(expected, status="FINISHED" if error is None else "FAILED")
+
+
+def mlflow_record(run_dir: Path, tracking: TrackingRun | None, problem: str | None) -> None:
+    """run.json's `mlflow`: logged or not (and why), where."""
+    run = files.read_run_json(run_dir)
+    run["mlflow"] = {
+        "logged": problem is None,
+        "reason": problem,
+        "run_id": tracking.run_id if tracking and problem is None else None,
+        "tracking_uri": tracking.tracking_uri if tracking else None,
+    }
+    (run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
 
 
 def write_run_traces(analysis: RunAnalysis, tracking: TrackingRun) -> TraceWrite:

@@ -12,7 +12,7 @@ import mlflow
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import KVSCOPE, ROOT, Up
+from helpers import KVSCOPE, ROOT, Up, free_port
 
 from kvscope.records.requests import COLUMNS
 
@@ -217,3 +217,25 @@ def test_killed_run_keeps_every_finished_call(up: Up, tmp_path: Path) -> None:
         assert r["token_id_hash"] is not None and r["cached_self_tokens"] is not None
     assert (jsonl.parent / "blocks.parquet").exists()
     assert "/metrics context on" in result.stdout
+
+
+def test_mlflow_down_the_run_completes_locally_and_logs_later(up: Up, tmp_path: Path) -> None:
+    """An MLflow server that does not answer: a warning in seconds, before the engine is used;
+    the run completes and is written in full; `kvscope log RUN` then uploads it to a store."""
+    path = experiment(up, tmp_path, workflows=1, cycles=1)
+    dead = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    result = up.cli("run", str(path), "--tracking-uri", dead, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "MLflow" in result.stderr and "unreachable" in result.stderr
+    assert "kvscope log" in result.stdout
+    assert time.monotonic() - t0 < 240  # no minutes of MLflow retries (the run itself: ~1 min)
+    (run_dir,) = (tmp_path / "runs").glob("demo-*")
+    assert (run_dir / "report.html").exists() and (run_dir / "summary.json").exists()
+    assert json.loads((run_dir / "run.json").read_text())["mlflow"]["logged"] is False
+    store = f"sqlite:///{tmp_path / 'later.db'}"
+    logged = up.cli("log", str(run_dir), "--tracking-uri", store)
+    assert logged.returncode == 0 and "logged as MLflow run" in logged.stdout, logged.stderr
+    mlflow.set_tracking_uri(store)
+    [run] = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.data.tags["kvscope.status"] == "complete" and run.data.metrics["all.calls"] == 4

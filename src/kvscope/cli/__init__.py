@@ -7,6 +7,7 @@ import typer
 
 from kvscope.cli import analyze as analyze_commands
 from kvscope.cli import engine
+from kvscope.cli import log as log_command
 from kvscope.cli import profile as profile_command
 from kvscope.cli import replay as replay_command
 from kvscope.cli import report as report_commands
@@ -28,6 +29,7 @@ app.command("report")(report_commands.report)
 app.command("compare")(report_commands.compare)
 app.command("analyze")(analyze_commands.analyze)
 app.command("replay")(replay_command.replay)
+app.command("log")(log_command.log)
 
 
 def main() -> None:

@@ -187,6 +187,9 @@ def _print_where(outcome: "RunOutcome") -> None:
         console.print(f"[red]report.html not written: {error}[/] (kvscope report RUN retries)")
     if outcome.mlflow_run_id:
         console.print(f"MLflow run: {outcome.mlflow_run_id} ({outcome.tracking_uri})")
+    if outcome.mlflow_error:
+        console.print(f"[yellow]MLflow: not logged ({outcome.mlflow_error})[/]; "
+                      f"kvscope log {run_dir} uploads it", highlight=False)  # fmt: skip
     if outcome.audit is not None:
         au = outcome.audit
         color = "red" if au.dropped else "green"

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import (
@@ -209,6 +210,21 @@ class TrackingRun:
             "--workers", "1",
         ]  # fmt: skip
         return UiCommand(argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+
+
+def unreachable(uri: str, timeout_s: float = 3.0) -> str | None:
+    """Why the MLflow tracking server at `uri` cannot be used now, or None. Only an HTTP(S)
+    server is checked (its /health, within `timeout_s`): MLflow's own client would retry a dead
+    server for minutes. A local store (sqlite:, file:, a path) always answers None."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        reply = httpx.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except httpx.HTTPError as err:
+        return f"MLflow at {uri} is unreachable ({type(err).__name__}: {err})".replace(" ()", "")
+    if reply.status_code != 200:
+        return f"MLflow at {uri} answered /health with HTTP {reply.status_code}"
+    return None
 
 
 def local_store_uri(runs_dir: Path) -> str:

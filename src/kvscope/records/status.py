@@ -73,9 +73,14 @@ class RunStatus:
         return cls("complete", None, **common)
 
 
-def write_status(run_dir: Path, status: RunStatus) -> None:
+def write_status(
+    run_dir: Path, status: RunStatus, workload: Mapping[str, Any] | None = None
+) -> None:
+    """run.json's `status` (and `workload`: what the driver knew, for `kvscope log`)."""
     run = read_run_json(run_dir)
     run["status"] = status.to_dict()
+    if workload is not None:
+        run["workload"] = dict(workload)
     (run_dir / RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
 
 
