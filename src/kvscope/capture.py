@@ -37,7 +37,7 @@ from kvscope import environment
 from kvscope.collect.kv_events import KvEventListener
 from kvscope.collect.scraper import MetricsScraper
 from kvscope.config import ExperimentConfig, config_hash
-from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine
+from kvscope.engines import ENGINES, METRIC_FAMILIES, auth, make_engine
 from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache, running
@@ -129,7 +129,10 @@ class CaptureSession:
         model_dir = self.engine.model_facts().get("path")
         spec = child.ChildSpec.of(self.context, self.cfg, self.run_dir, self.base_url, model_dir)
         t = self.tracking
-        return child.environment(spec, self.model, t and t.tracking_uri, t and t.experiment_id)
+        key = auth.api_key(self.cfg.engine.api_key_env)
+        return child.environment(
+            spec, self.model, t and t.tracking_uri, t and t.experiment_id, api_key=key
+        )
 
     def open(self) -> "CaptureSession":
         try:
@@ -147,8 +150,9 @@ class CaptureSession:
         stage(f"starting {self.engine.name}")
         handle = self._stack.enter_context(running(self.engine, run_dir / files.ENGINE_LOG))
         stage("detecting engine capabilities")
-        caps = detect(handle.endpoints, METRIC_FAMILIES)
-        facts = _runtime_facts(caps, handle)
+        keyed = auth.headers(cfg.engine.api_key_env)
+        caps = detect(handle.endpoints, METRIC_FAMILIES, headers=keyed)
+        facts = _runtime_facts(caps, handle, keyed)
         env = environment.collect(
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts
         )
@@ -166,7 +170,9 @@ class CaptureSession:
         self._start_collectors(caps, handle)
         proc = handle.process
         health = f"{handle.endpoints.base_url}{self.engine.health_path}"
-        self._watch = EngineWatch(health, exit_code=proc.exit_code if proc else None).start()
+        self._watch = EngineWatch(
+            health, exit_code=proc.exit_code if proc else None, headers=keyed
+        ).start()
 
     @property
     def _store_prompts(self) -> bool:
@@ -197,6 +203,7 @@ class CaptureSession:
                 ep.metrics_url,
                 self.run_id,
                 interval_s=self.cfg.metrics_interval_s,
+                api_key_env=self.cfg.engine.api_key_env,
                 instant_path=self.run_dir / METRICS_JSONL,
             )
             self._scraper.start()  # its first sample precedes the first request
@@ -289,11 +296,13 @@ class CaptureSession:
         (self.run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
 
 
-def _runtime_facts(caps: Capabilities, handle: RunningEngine) -> dict[str, Any]:
+def _runtime_facts(
+    caps: Capabilities, handle: RunningEngine, headers: dict[str, str]
+) -> dict[str, Any]:
     """What the engine's /metrics says about itself (KV capacity, block size, ...)."""
     if not caps.family:
         return {}
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, headers=headers) as client:
         families = fetch_metrics(client, handle.endpoints.metrics_url) or []
     return ENGINES[caps.family].runtime_facts(families)
 

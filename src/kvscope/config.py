@@ -28,6 +28,11 @@ class EngineConfig(BaseModel):
         None, description="Attach to an engine already running at this base URL (no launch)."
     )
     metrics_url: str | None = Field(None, description="Override of <url>/metrics.")
+    api_key_env: str | None = Field(
+        None,
+        description="The environment variable that holds the engine's API key (default: "
+        "KVSCOPE_API_KEY, else OPENAI_API_KEY); only the name is kept, never the key.",
+    )
     kv_events_endpoint: str | None = Field(
         None, description="ZMQ endpoint of a running engine's KV events (attach only)."
     )

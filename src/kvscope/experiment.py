@@ -20,6 +20,7 @@ from typing import Any
 
 from kvscope.capture import CaptureSession, Hooks
 from kvscope.config import ExperimentConfig, check_experiment
+from kvscope.engines import auth
 from kvscope.engines.base import Engine
 from kvscope.errors import ConfigError
 from kvscope.profiling import conclude
@@ -67,6 +68,7 @@ def drive(
                 tokenizer=tokenizer,
                 on_workflow_done=lambda _: hooks.on_workflow_done(),
                 should_stop=session.engine_gone,
+                api_key=auth.api_key(cfg.engine.api_key_env),
             )
         )
 

@@ -39,6 +39,7 @@ from kvscope.config import (
     parse_engine,
     parse_experiment,
 )
+from kvscope.engines import auth
 from kvscope.errors import ConfigError
 from kvscope.finalize import finalize
 from kvscope.probe.child import MODEL_ENV
@@ -171,7 +172,9 @@ class Profile:
     def _set_env(self) -> None:
         values = {
             "OPENAI_BASE_URL": self.base_url,
-            "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            "OPENAI_API_KEY": auth.api_key(self.session.cfg.engine.api_key_env)
+            or os.environ.get("OPENAI_API_KEY")
+            or "EMPTY",
             MODEL_ENV: self.model,
         }
         for key, value in values.items():

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client.metrics_core import Metric
 
+from kvscope.engines import auth
 from kvscope.engines.base import Engine, parse_metrics
 from kvscope.records.base import JsonlWriter
 from kvscope.records.metrics import (
@@ -78,6 +79,7 @@ class SamplerOptions(TypedDict, total=False):
     interval_s: float  # between scrapes (default 0.25)
     timeout_s: float  # of one scrape (default 1.0)
     instant_path: Path | None  # metrics.kvscope.jsonl: kvscope's values per scrape, as they come
+    api_key_env: str | None  # the variable holding the engine's API key (engines/auth.py)
 
 
 class Sampler:
@@ -93,6 +95,7 @@ class Sampler:
             raise ValueError(f"engine {engine.name!r} has no metric names kvscope can read")
         self.engine, self.url, self.benchmark_run_id = engine, url, benchmark_run_id
         self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.api_key_env = options.get("api_key_env")
         self._columns = _Columns(self._kvscope_name)
         self._instant: dict[str, list[tuple[int, float]]] = {}
         self._gaps: list[ScrapeGap] = []
@@ -113,7 +116,7 @@ class Sampler:
         """Start scraping; returns once the first scrape is done (or failed)."""
         if self._thread is not None:
             raise RuntimeError("the scraper was already started")
-        self._client = httpx.Client(timeout=self.timeout_s)
+        self._client = httpx.Client(timeout=self.timeout_s, headers=auth.headers(self.api_key_env))
         if self.instant_path is not None:
             self._instant_stream = JsonlWriter(self.instant_path)
         self._started = time.monotonic()

@@ -61,7 +61,7 @@ class MetricsScraper:
         self._args: dict[str, Any] = {
             "engine": f"{engine.__module__}:{engine.__qualname__}", "url": url,
             "benchmark_run_id": benchmark_run_id, "interval_s": s.interval_s,
-            "timeout_s": s.timeout_s,
+            "timeout_s": s.timeout_s, "api_key_env": s.api_key_env,
             "instant_path": str(self.instant_path) if self.instant_path else None,
         }  # fmt: skip
         self.error: str | None = None

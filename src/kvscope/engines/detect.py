@@ -3,12 +3,13 @@
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 import zmq
 from prometheus_client.metrics_core import Metric
 
+from kvscope.engines import auth
 from kvscope.engines.base import Capabilities, Endpoints, Engine, parse_metrics
 from kvscope.engines.kv_events import receive, replay, subscriber
 from kvscope.errors import EngineError
@@ -92,10 +93,13 @@ def detect(
     *,
     timeout_s: float = 60.0,
     kv_wait_s: float = 5.0,
+    headers: Mapping[str, str] | None = None,
 ) -> Capabilities:
-    """Probe a running engine: models, cached-token reporting, /metrics, KV events."""
+    """Probe a running engine: models, cached-token reporting, /metrics, KV events. `headers`:
+    the engine's API key (engines/auth.py; default: from the environment)."""
     notes: list[str] = []
-    with httpx.Client(timeout=timeout_s) as client:
+    keyed = auth.headers() if headers is None else dict(headers)
+    with httpx.Client(timeout=timeout_s, headers=keyed) as client:
         models = list_models(client, endpoints.base_url)
         if not models:
             raise EngineError(f"{endpoints.base_url}/v1/models lists no model")

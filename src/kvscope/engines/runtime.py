@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from kvscope.engines import state
+from kvscope.engines import auth, state
 from kvscope.engines.base import Endpoints, Engine, Launch
 from kvscope.engines.process import ServerProcess
 from kvscope.errors import EngineError
@@ -37,7 +37,8 @@ def start(engine: Engine, log_path: Path, *, detached: bool = False) -> RunningE
     health = f"{endpoints.base_url}{engine.health_path}"
     if launch is None:
         try:
-            httpx.get(health, timeout=10).raise_for_status()
+            keyed = auth.headers(engine.config.api_key_env)
+            httpx.get(health, timeout=10, headers=keyed).raise_for_status()
         except httpx.HTTPError as err:
             raise EngineError(f"cannot reach the engine at {health}: {err}") from None
         return RunningEngine(engine, endpoints, None, None, None)
@@ -118,7 +119,7 @@ def reset_cache(engine: Engine, base_url: str, attempts: int = 20) -> str | None
     url, last = f"{base_url}{path}", ""
     for _ in range(attempts):  # refused while blocks are still held: retry
         try:
-            reply = httpx.post(url, timeout=30)
+            reply = httpx.post(url, timeout=30, headers=auth.headers(engine.config.api_key_env))
             if reply.status_code == 200 and engine.cache_reset_ok(reply):
                 return None
             last = f"HTTP {reply.status_code} {reply.text[:200]}"

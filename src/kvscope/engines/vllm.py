@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
-from kvscope.engines import model, vllm_ids
+from kvscope.engines import auth, model, vllm_ids
 from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
 from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
@@ -160,6 +160,8 @@ class VllmEngine(Engine):
             **(small_machine_threads(os.cpu_count()) if c.python is None else {}),
             **c.env,
         }
+        if c.api_key_env:  # the engine demands the key; redacted in the launch command
+            env["VLLM_API_KEY"] = auth.api_key(c.api_key_env) or ""
         return Launch(tuple(argv), tuple(env.items()))
 
     @classmethod

@@ -76,14 +76,19 @@ class ChildSpec:
 
 
 def environment(
-    spec: ChildSpec, model: str, tracking_uri: str | None, experiment_id: str | None = None
+    spec: ChildSpec,
+    model: str,
+    tracking_uri: str | None,
+    experiment_id: str | None = None,
+    api_key: str | None = None,
 ) -> dict[str, str]:
-    """The variables a profiled program gets (added to the caller's environment)."""
+    """The variables a profiled program gets (added to the caller's environment); `api_key`:
+    the engine's (engines/auth.py), as OPENAI_API_KEY."""
     path = spec.write()
     python_path = [str(BOOT_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {
         "OPENAI_BASE_URL": spec.base_url,
-        "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        "OPENAI_API_KEY": api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
         MODEL_ENV: model,
         CAPTURE_ENV: str(path),
         "PYTHONPATH": os.pathsep.join(python_path),

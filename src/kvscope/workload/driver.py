@@ -52,10 +52,12 @@ def thread_id_for(prefix: str, index: int) -> str:
     return f"{prefix}-t{index:03d}"
 
 
-def client_for(base_url: str, cfg: WorkloadConfig) -> openai.AsyncOpenAI:
+def client_for(
+    base_url: str, cfg: WorkloadConfig, api_key: str | None = None
+) -> openai.AsyncOpenAI:
     """The app's client: no retries (a failed call is the workflow's outcome), the configured
-    timeout; the key from OPENAI_API_KEY (a local engine takes any)."""
-    key = os.environ.get("OPENAI_API_KEY") or "EMPTY"
+    timeout; the engine's API key (engines/auth.py), else any (a local engine takes any)."""
+    key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
     return openai.AsyncOpenAI(
         base_url=base_url, api_key=key, max_retries=0, timeout=cfg.request_timeout_s
     )
@@ -72,6 +74,7 @@ async def run_workflows(
     client: openai.AsyncOpenAI | None = None,
     on_workflow_done: Callable[[WorkflowResult], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    api_key: str | None = None,
 ) -> list[WorkflowResult]:
     """Run cfg.workflows PEER workflows against `model` at `base_url`, at most cfg.concurrency at
     once; results in index order. Workflow i runs on thread `<thread_prefix>-t<i:03d>`.
@@ -95,7 +98,7 @@ async def run_workflows(
             raise ConfigError("workload: the task set has no problems")
         problems = assign_tasks(tasks, cfg.workflows, cfg.seed)
     own = client is None
-    api = client if client is not None else client_for(base_url, cfg)
+    api = client if client is not None else client_for(base_url, cfg, api_key)
     if cfg.workflow == "supervisor":
         assert tasks is not None
         graph = supervisor.build_graph(supervisor.SupervisorAgents(api, model, cfg, tasks))
