@@ -42,7 +42,7 @@ from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache, running
 from kvscope.engines.watch import EngineDeath, EngineWatch
-from kvscope.errors import EngineError
+from kvscope.errors import EngineError, WriteError
 from kvscope.probe import child
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.params import mlflow_params
@@ -109,6 +109,15 @@ class CaptureSession:
     def engine_gone(self) -> bool:
         """Whether the engine is known dead: a workload stops sending then."""
         return self._watch is not None and self._watch.gone()
+
+    @property
+    def write_error(self) -> WriteError | None:
+        """The first run file the disk refused (a full disk): a workload stops sending then."""
+        return self._streams.write_error if self._streams is not None else None
+
+    def should_stop(self) -> bool:
+        """Whether a workload should stop sending: the engine died, or rows cannot be written."""
+        return self.write_error is not None or self.engine_gone()
 
     @property
     def context(self) -> CallContext:

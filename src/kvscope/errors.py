@@ -9,6 +9,11 @@ class ConfigError(KvscopeError):
     """The configuration is invalid; raised before any engine starts."""
 
 
+class WriteError(KvscopeError):
+    """A run file could not be written (a full disk, a read-only directory); names the path.
+    What was written before it is kept."""
+
+
 class EngineError(KvscopeError):
     """An engine could not be installed, started, reached or stopped."""
 

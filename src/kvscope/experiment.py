@@ -67,7 +67,7 @@ def drive(
                 thread_prefix=session.run_id,
                 tokenizer=tokenizer,
                 on_workflow_done=lambda _: hooks.on_workflow_done(),
-                should_stop=session.engine_gone,
+                should_stop=session.should_stop,
                 api_key=auth.api_key(cfg.engine.api_key_env),
             )
         )

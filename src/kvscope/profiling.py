@@ -229,7 +229,7 @@ def conclude(
     status = RunStatus.of(
         rows,
         death=None if death is None else (death.at_ns, death.reason),
-        failure=failure,
+        failure=failure or session.write_error,
         planned=workload.planned,
         ran=workload.workflows,
     )

@@ -7,7 +7,9 @@ its own part files, `<stream>.<pid>`, which the owner merges into the streams on
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from kvscope.errors import WriteError
 from kvscope.probe import app_spans
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.tokens import ChatTokenizer
@@ -27,6 +29,7 @@ class CallStreams:
         process."""
         self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
+        self.write_error: WriteError | None = None  # the first file the disk refused
         self._open(part)
 
     def _open(self, part: str) -> None:
@@ -55,19 +58,27 @@ class CallStreams:
 
     def row(self, record: RequestRecord) -> None:
         record = app_spans.annotate(record)
-        self.requests.append(record)
+        self._append(self.requests, record)
         self.on_row(record)
 
     def token(self, ids: PromptTokenIds) -> None:
         if self.tokens is not None:
-            self.tokens.append(ids)
+            self._append(self.tokens, ids)
 
     def tool(self, call: ToolCall) -> None:
-        self.tools.append(call)
+        self._append(self.tools, call)
 
     def payload(self, payload: CallPayload) -> None:
         if self.payloads is not None:
-            self.payloads.append(payload)
+            self._append(self.payloads, payload)
+
+    def _append(self, writer: JsonlWriter, record: Any) -> None:  # type: ignore[type-arg]
+        """Append; the first WriteError (a full disk) is kept in `write_error` and raised."""
+        try:
+            writer.append(record)
+        except WriteError as err:
+            self.write_error = self.write_error or err
+            raise
 
     def writers(self) -> list[JsonlWriter]:  # type: ignore[type-arg]
         return [w for w in (self.requests, self.tools, self.tokens, self.payloads) if w]

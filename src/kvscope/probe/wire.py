@@ -121,6 +121,7 @@ class InFlight:
         self.buffer = b""
         self.problem: tuple[str, str, str] | None = None  # (status, error_type, message)
         self.done = False
+        self.ended = False  # the stream's own end arrived ([DONE])
         self.start_ns = time.time_ns()
         self.t0 = time.perf_counter()
 
@@ -175,6 +176,8 @@ class InFlight:
         data = b"\n".join(
             line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
         )
+        if data.strip() == b"[DONE]":
+            self.ended = True
         if not data or data.strip() == b"[DONE]":
             return event
         try:
@@ -258,10 +261,10 @@ class InFlight:
                 self.engine_ids = self.engine.reply_prompt_ids(reply)
             except (ValueError, TypeError, AttributeError) as err:
                 return failure(ValueError(f"{type(err).__name__}: {err}"))
-        if self.seen.usage is None:
-            why = "the app closed the stream before its end" if early else "no usage reported"
+        if self.seen.usage is None and not (self.ended or not self.sse):
+            why = "the app closed the stream before its end" if early else "the stream ended early"
             return STATUS_ERROR, "incomplete_stream", why
-        return None
+        return None  # a whole reply without usage: ok, its token counts unknown (null)
 
     def _record(self, t_end: float) -> RequestRecord:
         ctx, ident, body = self.ctx, self.ident, self.body

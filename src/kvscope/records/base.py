@@ -14,6 +14,8 @@ from typing import Any, Generic, Protocol, TypeVar, Union, get_args, get_origin
 
 import pyarrow as pa
 
+from kvscope.errors import WriteError
+
 
 class Record(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
@@ -32,12 +34,19 @@ class JsonlWriter(Generic[R]):
         self._lock = threading.Lock()
 
     def append(self, record: R) -> None:
+        """Write one line; a WriteError (naming the path) when the file system refuses it (a
+        full disk: what was written before is kept, a torn last line is skipped on reading)."""
         line = json.dumps(record.to_dict(), separators=(",", ":")) + "\n"
         with self._lock:
             if self._file.closed:
                 return  # a late record after close(): the stream is complete already
-            self._file.write(line)
-            self._file.flush()
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except OSError as err:
+                why = err.strerror or str(err)
+                msg = f"cannot write {self.path}: {why} (the rows before are kept)"
+                raise WriteError(msg) from err
             self.rows += 1
 
     def close(self) -> None:
