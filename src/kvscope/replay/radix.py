@@ -117,6 +117,25 @@ def simulate_radix(
         stamp[s] = e
         return e
 
+    tick_fields = [born] if fifo else [access]  # the fields a policy's score reads
+
+    def chain(ins: list[int], last: int, i: int, tick: int, locks: int) -> None:
+        """Slots `ins` become a chain of new pages under `last` (-1: the root), used by i."""
+        m = len(ins)
+        if last >= 0:
+            nchild[last] += 1
+        deque(map(parent.__setitem__, ins, [last, *ins[:-1]]), maxlen=0)
+        deque(map(nchild.__setitem__, ins, repeat(1, m - 1)), maxlen=0)
+        nchild[ins[-1]] = 0
+        deque(map(lock.__setitem__, ins, repeat(locks, m)), maxlen=0)
+        deque(map(owner.__setitem__, ins, repeat(i, m)), maxlen=0)
+        for field in tick_fields:
+            deque(map(field.__setitem__, ins, repeat(tick, m)), maxlen=0)
+        if lfu:
+            deque(map(uses.__setitem__, ins, repeat(1, m)), maxlen=0)
+        elif not lru and not fifo:
+            deque(map(prio.__setitem__, ins, repeat(prio_of[i], m)), maxlen=0)
+
     reqs, kinds = event_order(trace)
     tick = 0
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
@@ -125,14 +144,11 @@ def simulate_radix(
             tick += 1
             last = path[-1] if path else -1
             if out:
-                for _ in range(out):
-                    s = free_slots.pop()
-                    parent[s], nchild[s], lock[s], keyof[s] = last, 0, 0, -1
-                    access[s] = born[s] = tick
-                    uses[s], prio[s], owner[s] = 1, prio_of[i], i
-                    if last >= 0:
-                        nchild[last] += 1
-                    last = s
+                ins = free_slots[len(free_slots) - out :][::-1]
+                del free_slots[len(free_slots) - out :]
+                chain(ins, last, i, tick, 0)
+                deque(map(keyof.__setitem__, ins, repeat(-1, out)), maxlen=0)
+                last = ins[-1]
                 nodes += out
                 push(heap, entry(last))
             private -= priv
@@ -202,22 +218,14 @@ def simulate_radix(
             preempted[i] = True
         new = min(got, len(keys) - in_tree)
         if new:
-            last = path[-1] if path else -1
-            if last >= 0:
-                nchild[last] += 1
             ins = free_slots[len(free_slots) - new :][::-1]
             del free_slots[len(free_slots) - new :]
             ks = keys[in_tree : in_tree + new]
             index.update(zip(ks, ins, strict=True))
             if evicted_by:
                 deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
-            deque(map(parent.__setitem__, ins, [last, *ins[:-1]]), maxlen=0)
-            deque(map(nchild.__setitem__, ins, repeat(1, new - 1)), maxlen=0)
-            nchild[ins[-1]] = 0
+            chain(ins, path[-1] if path else -1, i, tick, 1)
             deque(map(keyof.__setitem__, ins, ks), maxlen=0)
-            for field, value in ((lock, 1), (access, tick), (born, tick), (uses, 1),
-                                 (prio, prio_of[i]), (owner, i)):  # fmt: skip
-                deque(map(field.__setitem__, ins, repeat(value)), maxlen=0)
             nodes += new
             locked += new
             path = path + ins
