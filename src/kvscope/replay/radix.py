@@ -27,9 +27,9 @@ Python list indexed by slot (parent slot, children count, lock count, last acces
 dict from prompt key to slot; a freed slot goes back on a free list. Candidates for eviction are
 one heap of packed ints (score, push sequence, slot): a slot's entry is live while `stamp[slot]`
 equals it and the slot is an unlocked leaf. Per request, the matched path is locked, touched and
-unlocked with C-level map calls; a Python statement runs per evicted or inserted page only. Keys
-are assumed distinct within a request's chain (chained hashes). Results equal the node-dict
-implementation kept as tests/unit/replay_radix_reference.py.
+unlocked with C-level map calls and comprehensions; a Python statement runs per evicted page
+only. Keys are assumed distinct within a request's chain (chained hashes). Results equal the
+node-dict implementation kept as tests/unit/replay_radix_reference.py.
 """
 
 from __future__ import annotations
@@ -155,12 +155,11 @@ def simulate_radix(
             if path:
                 lk = list(map(_SUB1, map(lock.__getitem__, path)))
                 deque(map(lock.__setitem__, path, lk), maxlen=0)
-                if 0 in lk:
-                    for s, v in zip(path, lk, strict=True):
-                        if not v:
-                            locked -= 1
-                            if not nchild[s]:
-                                push(heap, entry(s))
+                if 0 in lk:  # unlocked now: the leaves among them are candidates, in path order
+                    zero = [s for s, v in zip(path, lk, strict=True) if not v]
+                    locked -= len(zero)
+                    for s in [s for s in zero if not nchild[s]]:
+                        push(heap, entry(s))
             continue
 
         tick += 1
