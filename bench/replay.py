@@ -10,7 +10,11 @@ Each policy runs in a child process that loads the trace and simulates it: wall 
 `simulate()` call only; peak memory is the child's ru_maxrss (the whole process: interpreter,
 numpy, the trace and the simulation; VmHWM), and its RSS just before `simulate()`.
 
-    PYTHONPATH=src python bench/replay.py [--requests 100000] [--policies lru,belady] [--check]
+    PYTHONPATH=src python bench/replay.py [--requests 100000] [--policies lru,belady]
+        [--engine vllm,sglang] [--check]
+
+`--engine`: "vllm" (the block pool), "sglang" (the radix cache; only its policies run there) or
+both, comma-separated. `--check`: the same at 25k, 50k and 100k requests: is the cost linear?
 """
 
 from __future__ import annotations
@@ -156,35 +160,40 @@ def save(tr: Trace, path: str) -> None:
 
 
 def run(
-    n: int, policies: list[str], capacity: int, block_size: int, engine: str
-) -> dict[str, float]:
-    """Build the trace, run each policy in a child, print a line each; wall seconds by policy."""
+    n: int, policies: list[str], capacity: int, block_size: int, engines: list[str]
+) -> dict[tuple[str, str], float]:
+    """Build the trace, run each (engine, policy) in a child, print a line each; wall seconds by
+    (engine, policy). On "sglang" only the radix cache's policies run."""
+    from kvscope.replay.radix import RADIX_POLICIES
+
     t = time.perf_counter()
     tr = peer_trace(n, block_size)
     built = time.perf_counter() - t
     blocks = int(tr.offsets[-1])
     print(f"trace: {n} requests, {blocks} blocks, mean prompt "
           f"{tr.prompt_tokens.mean():.0f} tokens, built in {built:.2f} s; "
-          f"capacity {capacity} blocks; engine {engine}")  # fmt: skip
+          f"capacity {capacity} blocks")  # fmt: skip
+    walls: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "trace.npz")
         save(tr, path)
         del tr
-        walls: dict[str, float] = {}
-        for p in policies:
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", path, p, str(capacity), engine],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            walls[p] = r["wall"]
-            print(f"  {p:10s} {r['wall']:7.2f} s  {n / r['wall']:9.0f} req/s  "
-                  f"hit {r['hit']:.3f}  peak RSS {r['peak_mb']:5.0f} MB "
-                  f"({r['before_mb']:.0f} MB before simulate)")  # fmt: skip
-    if "lru" in walls:
-        for p, w in walls.items():
-            if p != "lru":
-                print(f"  {p} / lru wall time: {w / walls['lru']:.2f}")
+        for engine in engines:
+            for p in policies:
+                if engine == "sglang" and p not in RADIX_POLICIES:
+                    continue
+                out = subprocess.run(
+                    [sys.executable, __file__, "--worker", path, p, str(capacity), engine],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                walls[engine, p] = r["wall"]
+                print(f"  {engine:6s} {p:20s} {r['wall']:7.2f} s  {n / r['wall']:7.0f} req/s  "
+                      f"hit {r['hit']:.3f}  peak RSS {r['peak_mb']:5.0f} MB "
+                      f"({r['before_mb']:.0f} MB before simulate)")  # fmt: skip
+    for (engine, p), w in walls.items():
+        if p != "lru" and (engine, "lru") in walls:
+            print(f"  {engine} {p} / lru wall time: {w / walls[engine, 'lru']:.2f}")
     return walls
 
 
@@ -207,17 +216,20 @@ def main() -> None:
     ap.add_argument("--policies", default="lru,belady")
     ap.add_argument("--capacity-tokens", type=int, default=20480)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--engine", default="vllm")
-    ap.add_argument("--check", action="store_true", help="run at 10k and 100k: is it linear?")
+    ap.add_argument("--engine", default="vllm", help="vllm, sglang or both: vllm,sglang")
+    ap.add_argument("--check", action="store_true", help="25k, 50k and 100k: is it linear?")
     a = ap.parse_args()
     cap = a.capacity_tokens // a.block_size
     pol = a.policies.split(",")
     time_chain_keys(a.block_size)
-    sizes = (10_000, 100_000) if a.check else (a.requests,)
-    walls = [run(n, pol, cap, a.block_size, a.engine) for n in sizes]
+    sizes = (25_000, 50_000, 100_000) if a.check else (a.requests,)
+    walls = [run(n, pol, cap, a.block_size, a.engine.split(",")) for n in sizes]
     if a.check:
-        for p in pol:
-            print(f"{p}: 100k / 10k wall time = {walls[1][p] / walls[0][p]:.1f} (linear: 10)")
+        for key in walls[0]:
+            w = [x[key] for x in walls]
+            print(f"{key[0]} {key[1]}: wall per 1k requests at 25k / 50k / 100k: "
+                  + " / ".join(f"{1000 * t / n:.3f} s" for t, n in zip(w, sizes, strict=True))
+                  + f"; 100k / 25k = {w[2] / w[0]:.2f} (linear: 4)")  # fmt: skip
 
 
 if __name__ == "__main__":

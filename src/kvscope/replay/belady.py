@@ -36,15 +36,19 @@ def next_use(trace: Trace, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     c = counts[by_rank]  # flat positions, requests in start order
     pos = np.repeat((trace.offsets[:-1][by_rank] - (np.cumsum(c) - c)).astype(itype), c)
     pos += np.arange(total, dtype=itype)
-    s = pos[np.argsort(trace.keys[pos], kind="stable")]
+    kp = trace.keys[pos]  # keys in start order
+    o = np.argsort(kp, kind="stable")  # grouped by key, each group in start order
+    ks = kp[o]
+    del kp
+    same = ks[1:] == ks[:-1]  # o[j + 1] is o[j]'s next use
+    del ks
+    s = pos[o]
     del pos
-    same = trace.keys[s[1:]] == trace.keys[s[:-1]]
     nxt = np.full(total, -1, dtype=itype)
-    nxt[s[:-1][same]] = s[1:][same]
-    del s, same
-    nrank = np.full(total, NEVER, dtype=np.int64)
-    has = nxt >= 0
-    nrank[has] = np.repeat(rank, counts)[nxt[has]]
+    nxt[s[:-1]] = np.where(same, s[1:], -1)
+    del s, o, same
+    # gathered along nxt, which mostly points a few requests ahead: cache-friendly
+    nrank = np.where(nxt >= 0, np.repeat(rank, counts)[nxt], NEVER)
     return nxt, nrank
 
 
@@ -109,14 +113,15 @@ class BeladyOrder(EvictionOrder):
         self._pos[blocks[n:]] = -1
 
     def released(self, i: int, blocks: list[int]) -> None:
-        pos = self._pos[blocks]
+        barr = np.array(blocks, dtype=np.int64)
+        pos = self._pos[barr]
         high = self._static[pos]
-        if self._packed:
-            late = np.flatnonzero((high >> self._shift) >= self._top - self._now)
-            keys_a = high | np.asarray(blocks)
+        if self._packed:  # far >= top - now  <=>  high >= (top - now) << shift
+            late = np.flatnonzero(high >= (self._top - self._now) << self._shift)
+            keys_a = high | barr
         else:
             late = np.flatnonzero([h >> self._shift >= self._top - self._now for h in high])
-            keys_a = high | np.asarray(blocks, dtype=object)
+            keys_a = high | barr.astype(object)
         for k in late.tolist():  # its next request already started without it: follow on
             p = int(pos[k])
             while p >= 0 and self._top - (int(self._static[p]) >> self._shift) <= self._now:

@@ -21,14 +21,24 @@ Contract, as replayed:
 
 Differences from vLLM's pool: no duplicate pages, output pages are cached, and a parent is never
 evicted before its children.
+
+Layout: the tree lives in flat slots [0, capacity), one per cached page, each field a parallel
+Python list indexed by slot (parent slot, children count, lock count, last access, ...), and a
+dict from prompt key to slot; a freed slot goes back on a free list. Candidates for eviction are
+one heap of packed ints (score, push sequence, slot): a slot's entry is live while `stamp[slot]`
+equals it and the slot is an unlocked leaf. Per request, the matched path is locked, touched and
+unlocked with C-level map calls and comprehensions; a Python statement runs per evicted page
+only. Keys are assumed distinct within a request's chain (chained hashes). Results equal the
+node-dict implementation kept as tests/unit/replay_radix_reference.py.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -37,6 +47,7 @@ from kvscope.replay.result import SimResult
 from kvscope.replay.trace import Trace
 
 RADIX_POLICIES = ("lru", "fifo", "lfu", "priority")
+_ADD1, _SUB1 = (1).__add__, (-1).__add__
 
 
 def simulate_radix(
@@ -49,68 +60,81 @@ def simulate_radix(
     if policy not in RADIX_POLICIES:
         raise ValueError(f"policy {policy!r} has no radix-cache form; known: {RADIX_POLICIES}")
     started = time.perf_counter()
-    n, bs = len(trace), trace.block_size
-    prio_of = [0.0] * n if priorities is None else [float(p) for p in priorities]
-    parent: dict[int, int | None] = {}  # the tree: node key -> parent key (None: root)
-    nchild: dict[int, int] = {}
-    lock: dict[int, int] = {}
-    access: dict[int, int] = {}
-    born: dict[int, int] = {}
-    uses: dict[int, int] = {}
-    prio: dict[int, float] = {}
-    owner: dict[int, int] = {}
-    stamp: dict[int, int] = {}
-    score: Callable[[int], Any] = {
-        "lru": lambda k: access[k],
-        "fifo": lambda k: born[k],
-        "lfu": lambda k: (uses[k], access[k]),
-        "priority": lambda k: (prio[k], access[k]),
-    }[policy]
-    heap: list[tuple[Any, int, int]] = []
+    n, bs, cap = len(trace), trace.block_size, max(capacity_blocks, 0)
+    if priorities is None:
+        prio_of = [0] * n
+    else:  # by rank among the distinct values: same order, packable ints
+        if len(priorities) != n:
+            raise ValueError(f"{len(priorities)} priorities for {n} requests")
+        prio_of = np.unique(np.asarray(priorities, float), return_inverse=True)[1].tolist()
+    prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
+    offsets = trace.offsets.tolist()
+    # packed heap entries: (score, seq, slot); score = (major, tick) with major the uses (lfu),
+    # the priority rank (priority) or 0, tick the last access (lru, lfu, priority) or the
+    # insertion (fifo). Widths are bounds, not guesses: Python ints never overflow anyway.
+    pages = -(-(trace.prompt_tokens + trace.output_tokens - 1) // bs)
+    b_slot = max(cap - 1, 1).bit_length()
+    b_seq = (2 * int(pages.sum()) + 2 * n + 2).bit_length()
+    b_tick = (2 * n + 2).bit_length()
+    sh_seq, sh_score = b_slot, b_slot + b_seq
+    mask = (1 << b_slot) - 1
+
+    parent = [-1] * cap  # slot of the parent page; -1: the root
+    nchild = [0] * cap
+    lock = [0] * cap
+    access = [0] * cap
+    born = [0] * cap
+    uses = [0] * cap
+    prio = [0] * cap
+    owner = [0] * cap
+    keyof = [-1] * cap  # the page's prompt key; -1: an output page (opaque)
+    stamp = [-1] * cap  # the slot's live heap entry; -1: none
+    free_slots = list(range(cap - 1, -1, -1))
+    index: dict[int, int] = {}  # prompt key -> slot
+    index_get = index.get
+    heap: list[int] = []
+    push, pop = heapq.heappush, heapq.heappop
     seq = 0
-    locked = private = 0
+    nodes = locked = private = 0
     held: dict[int, tuple[list[int], int, int]] = {}  # request -> (locked path, private, out)
     evicted_by: dict[int, int] = {}
     cached = np.zeros(n, dtype=np.int64)
     preempted = np.zeros(n, dtype=bool)
     harm: dict[tuple[int, int, int], int] = {}
     evictions = 0
-    prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
-    offsets = trace.offsets.tolist()
+    lru, fifo, lfu = policy == "lru", policy == "fifo", policy == "lfu"
 
-    def candidate(k: int) -> None:
+    def entry(s: int) -> int:
         nonlocal seq
         seq += 1
-        stamp[k] = seq
-        heapq.heappush(heap, (score(k), seq, k))
+        if lru:
+            score = access[s]
+        elif fifo:
+            score = born[s]
+        else:
+            score = ((uses[s] if lfu else prio[s]) << b_tick) | access[s]
+        e = (score << sh_score) | (seq << sh_seq) | s
+        stamp[s] = e
+        return e
 
-    def evict_one(i: int) -> bool:
-        nonlocal evictions
-        while heap:
-            _, s, k = heapq.heappop(heap)
-            if stamp.get(k) != s or lock[k] or nchild[k]:
-                continue
-            p = parent.pop(k)
-            for d in (nchild, lock, access, born, uses, prio, stamp):
-                del d[k]
-            o = owner.pop(k)
-            if k >= 0:
-                evicted_by[k] = (i << 32) | (o + 1)
-            evictions += 1
-            if p is not None:
-                nchild[p] -= 1
-                if not nchild[p] and not lock[p]:
-                    candidate(p)
-            return True
-        return False
+    tick_fields = [born] if fifo else [access]  # the fields a policy's score reads
 
-    def add(k: int, p: int | None, i: int, tick: int, locks: int) -> None:
-        parent[k], nchild[k], lock[k] = p, 0, locks
-        access[k] = born[k] = tick
-        uses[k], prio[k], owner[k] = 1, prio_of[i], i
-        if p is not None:
-            nchild[p] += 1
-        evicted_by.pop(k, None)
+    def chain(ins: list[int], last: int, i: int, tick: int, locks: int) -> None:
+        """Slots `ins` become a chain of new pages under `last` (-1: the root), used by i."""
+        m = len(ins)
+        if last >= 0:
+            nchild[last] += 1
+        deque(map(parent.__setitem__, ins, [last, *ins[:-1]]), maxlen=0)
+        deque(map(nchild.__setitem__, ins, repeat(1, m - 1)), maxlen=0)
+        nchild[ins[-1]] = 0
+        deque(map(lock.__setitem__, ins, repeat(locks, m)), maxlen=0)
+        deque(map(owner.__setitem__, ins, repeat(i, m)), maxlen=0)
+        for field in tick_fields:
+            deque(map(field.__setitem__, ins, repeat(tick, m)), maxlen=0)
+        if lfu:
+            deque(map(uses.__setitem__, ins, repeat(1, m)), maxlen=0)
+        elif not lru and not fifo:
+            deque(map(prio.__setitem__, ins, repeat(prio_of[i], m)), maxlen=0)
 
     reqs, kinds = event_order(trace)
     tick = 0
@@ -118,63 +142,92 @@ def simulate_radix(
         if kind == 0:  # end: output pages join the tree, the path is unlocked
             path, priv, out = held.pop(i)
             tick += 1
-            last = path[-1] if path else None
-            for j in range(out):
-                k = -((i << 24) + j + 1)
-                add(k, last, i, tick, 0)
-                last = k
+            last = path[-1] if path else -1
+            if out:
+                ins = free_slots[len(free_slots) - out :][::-1]
+                del free_slots[len(free_slots) - out :]
+                chain(ins, last, i, tick, 0)
+                deque(map(keyof.__setitem__, ins, repeat(-1, out)), maxlen=0)
+                last = ins[-1]
+                nodes += out
+                push(heap, entry(last))
             private -= priv
-            if out and last is not None:
-                candidate(last)
-            for k in path:
-                lock[k] -= 1
-                if not lock[k]:
-                    locked -= 1
-                    if not nchild[k]:
-                        candidate(k)
+            if path:
+                lk = list(map(_SUB1, map(lock.__getitem__, path)))
+                deque(map(lock.__setitem__, path, lk), maxlen=0)
+                if 0 in lk:  # unlocked now: the leaves among them are candidates, in path order
+                    zero = [s for s, v in zip(path, lk, strict=True) if not v]
+                    locked -= len(zero)
+                    for s in [s for s in zero if not nchild[s]]:
+                        push(heap, entry(s))
             continue
 
         tick += 1
         keys = trace.keys[offsets[i] : offsets[i + 1]].tolist()
         limit = max(prompt[i] - 1, 0) // bs
-        h = 0
-        while h < len(keys) and keys[h] in parent:
-            h += 1
-        in_tree = h
-        h = min(h, limit)
+        slots = list(map(index_get, keys))
+        in_tree = slots.index(None) if None in slots else len(slots)
+        h = min(in_tree, limit)
         cached[i] = h
-        if evicted_by:
+        if evicted_by and not evicted_by.keys().isdisjoint(keys[h:]):
             for k in keys[h:]:
                 e = evicted_by.get(k)
-                if e is not None and k not in parent:
+                if e is not None and k not in index:
                     row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
                     harm[row] = harm.get(row, 0) + 1
-        path = keys[:in_tree]
-        p_i = prio_of[i]
-        for k in path:
-            if not lock[k]:
-                locked += 1
-            lock[k] += 1
-            access[k] = tick
-            uses[k] += 1
-            if prio[k] < p_i:
-                prio[k] = p_i
+        path: list[int] = slots[:in_tree]  # type: ignore[assignment]
+        if path:
+            lk = list(map(lock.__getitem__, path))
+            locked += lk.count(0)
+            deque(map(lock.__setitem__, path, map(_ADD1, lk)), maxlen=0)
+            deque(map(access.__setitem__, path, repeat(tick)), maxlen=0)
+            if lfu:
+                deque(map(uses.__setitem__, path, map(_ADD1, map(uses.__getitem__, path))), 0)
+            elif not lru and not fifo:
+                p_i = prio_of[i]
+                deque(map(prio.__setitem__, path, [max(prio[s], p_i) for s in path]), 0)
         computed = prompt[i] + output[i] - 1
         total, full = -(-computed // bs), computed // bs
         need = total - in_tree
-        free = capacity_blocks - len(parent) - private
-        while free < need and len(parent) > locked and evict_one(i):
+        free = cap - nodes - private
+        while free < need and nodes > locked:  # evict unlocked leaves, one at a time
+            while heap:
+                e = pop(heap)
+                s = e & mask
+                if stamp[s] == e and not lock[s] and not nchild[s]:
+                    break
+            else:
+                break
+            stamp[s] = -1
+            k = keyof[s]
+            if k >= 0:
+                del index[k]
+                evicted_by[k] = (i << 32) | (owner[s] + 1)
+            free_slots.append(s)
+            nodes -= 1
+            evictions += 1
             free += 1
+            p = parent[s]
+            if p >= 0:
+                nchild[p] -= 1
+                if not nchild[p] and not lock[p]:
+                    push(heap, entry(p))
         got = min(need, free)
         if got < need:
             preempted[i] = True
         new = min(got, len(keys) - in_tree)
-        last = keys[in_tree - 1] if in_tree else None
-        for k in keys[in_tree : in_tree + new]:
-            add(k, last, i, tick, 1)
-            locked += 1
-            last = k
-        path = path + keys[in_tree : in_tree + new]
+        if new:
+            ins = free_slots[len(free_slots) - new :][::-1]
+            del free_slots[len(free_slots) - new :]
+            ks = keys[in_tree : in_tree + new]
+            index.update(zip(ks, ins, strict=True))
+            if evicted_by:
+                deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
+            chain(ins, path[-1] if path else -1, i, tick, 1)
+            deque(map(keyof.__setitem__, ins, ks), maxlen=0)
+            nodes += new
+            locked += new
+            path = path + ins
         out = max(0, min(full, in_tree + got) - len(keys)) if in_tree + new == len(keys) else 0
         held[i] = (path, got - new, out)
         private += got - new
