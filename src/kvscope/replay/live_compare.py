@@ -1,0 +1,154 @@
+"""What a live replay measured beside what its source measured and what the simulator predicted.
+
+`live_document(...)` is RUN/live_replay.json of a replay run: the settings, the per-call outcome
+of the sends, and per agent (in the source's order) prompt and cached tokens: `original` (the
+source's engine; a trace: null), `replay` (this run's engine) and `predicted` (the offline
+simulator, the source engine's own policy, at the replay engine's capacity; run directories and
+traces alike, over exactly the replayed calls). A value not measured is null.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from kvscope.records.requests import STATUS_OK
+from kvscope.replay.live import LiveCall
+from kvscope.replay.sources import Source
+from kvscope.replay.summary import NO_AGENT, ordered_agents
+from kvscope.replay.trace import Trace
+
+
+def subset(trace: Trace, picked: list[int]) -> Trace:
+    """The trace's requests `picked` (in that order), keys re-packed."""
+    blocks = [trace.blocks_of(i) for i in picked]
+    offsets = np.zeros(len(picked) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blocks], out=offsets[1:])
+    measured = trace.measured_cached_tokens
+    return replace(
+        trace,
+        request_ids=tuple(trace.request_ids[i] for i in picked),
+        start_s=trace.start_s[picked],
+        end_s=trace.end_s[picked],
+        prompt_tokens=trace.prompt_tokens[picked],
+        output_tokens=trace.output_tokens[picked],
+        keys=np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.uint64),
+        offsets=offsets,
+        agents=tuple(trace.agents[i] for i in picked),
+        workflows=tuple(trace.workflows[i] for i in picked),
+        previous_agents=tuple(trace.previous_agents[i] for i in picked),
+        measured_cached_tokens=None if measured is None else measured[picked],
+    )
+
+
+def predicted(source: Source, calls: list[LiveCall], capacity: int | None) -> dict[str, Any]:
+    """The simulator's per-agent prediction for the replayed calls at `capacity` (tokens)."""
+    if capacity is None:
+        return {"capacity_tokens": None, "note": "the replay engine's capacity is not known"}
+    from kvscope.replay.plan import make_plan, run_plan
+
+    index = {rid: i for i, rid in enumerate(source.trace.request_ids)}
+    trace = subset(source.trace, [index[c.request_id] for c in calls])
+    picked = replace(source, trace=trace, excluded={}, excluded_start_s=None, id_mismatch=None)
+    own = source.policy or "lru"
+    plan = make_plan(picked, [own], [str(capacity)])
+    summary = run_plan(replace(picked, kind="tokens"), plan).summaries[0]
+    return {
+        "policy": own,
+        "capacity_tokens": capacity,
+        "hit_ratio": summary.hit_ratio,
+        "evictions": summary.evictions,
+        "harmful_evictions": sum(int(h["blocks"]) for h in summary.harm),
+        "per_agent": summary.per_agent,
+    }
+
+
+def original(source: Source, calls: list[LiveCall]) -> dict[str, dict[str, int | None]]:
+    """Per agent, the source's prompt and measured cached tokens over the replayed calls."""
+    trace, index = source.trace, {rid: i for i, rid in enumerate(source.trace.request_ids)}
+    out: dict[str, dict[str, int | None]] = {}
+    for c in calls:
+        i = index[c.request_id]
+        row = out.setdefault(c.agent or NO_AGENT, {"prompt_tokens": 0, "cached_tokens": 0})
+        row["prompt_tokens"] = int(row["prompt_tokens"] or 0) + int(trace.prompt_tokens[i])
+        m = None if trace.measured_cached_tokens is None else trace.measured_cached_tokens[i]
+        if m is None or math.isnan(m) or row["cached_tokens"] is None:
+            row["cached_tokens"] = None
+        else:
+            row["cached_tokens"] += int(m)
+    return out
+
+
+def measured(table: pa.Table) -> tuple[dict[str, dict[str, int | None]], list[str]]:
+    """Per agent, the replay run's prompt and cached tokens (ok calls), and the agents in the
+    order their calls started."""
+    rows = sorted(table.to_pylist(), key=lambda r: r.get("start_ns") or 0)
+    out: dict[str, dict[str, int | None]] = {}
+    for r in rows:
+        row = out.setdefault(r["agent_id"] or NO_AGENT, {"prompt_tokens": 0, "cached_tokens": 0})
+        if r.get("status") != STATUS_OK:
+            continue
+        row["prompt_tokens"] = int(row["prompt_tokens"] or 0) + int(r["prompt_tokens"] or 0)
+        if r.get("cached_tokens") is None or row["cached_tokens"] is None:
+            row["cached_tokens"] = None
+        else:
+            row["cached_tokens"] += int(r["cached_tokens"])
+    return out, [r["agent_id"] or NO_AGENT for r in rows]
+
+
+def live_document(
+    source: Source,
+    calls: list[LiveCall],
+    settings: dict[str, Any],
+    table: pa.Table,
+    prediction: dict[str, Any],
+    harmful_evictions: float | None,
+) -> dict[str, Any]:
+    replay, started = measured(table)
+    before = original(source, calls)
+    agents = [a for a in ordered_agents(source.trace) if a in replay or a in before]
+    source_order = [c.agent or NO_AGENT for c in sorted(calls, key=lambda c: c.start_s)]
+    return {
+        "settings": settings,
+        "calls": len(calls),
+        "failed": sum(r.get("status") != STATUS_OK for r in table.to_pylist()),
+        "agent_order_same": started == source_order,
+        "harmful_evictions": harmful_evictions,
+        "predicted": prediction,
+        "per_agent": {
+            a: {
+                "original": before.get(a) if source.kind == "run" else None,
+                "replay": replay.get(a),
+                "predicted": (prediction.get("per_agent") or {}).get(a),
+            }
+            for a in agents
+        },
+    }
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The terminal's lines: per agent cached tokens, original / replay / predicted."""
+
+    def cached(v: dict[str, Any] | None) -> str:
+        if v is None or v.get("cached_tokens") is None:
+            return "-"
+        return f"{v['cached_tokens']:,}/{v['prompt_tokens']:,}"
+
+    pred = doc["predicted"]
+    lines = [
+        f"live replay: {doc['calls']} calls, {doc['failed']} failed; agent order "
+        f"{'as recorded' if doc['agent_order_same'] else 'differs from the recording'}; "
+        f"harmful evictions measured {doc['harmful_evictions']}, predicted "
+        f"{pred.get('harmful_evictions', '-')} ({pred.get('policy', '-')} @ "
+        f"{pred.get('capacity_tokens')} tokens)",
+        "cached/prompt tokens per agent: original | replay | predicted",
+    ]
+    for agent, v in doc["per_agent"].items():
+        lines.append(
+            f"  {agent}: {cached(v['original'])} | {cached(v['replay'])} | {cached(v['predicted'])}"
+        )
+    return lines
