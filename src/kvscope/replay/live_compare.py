@@ -139,12 +139,16 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         return f"{v['cached_tokens']:,}/{v['prompt_tokens']:,}"
 
     pred = doc["predicted"]
+    said = (
+        f"predicted {pred['harmful_evictions']} ({pred['policy']} @ {pred['capacity_tokens']:,}"
+        " tokens)"
+        if pred.get("per_agent") is not None
+        else "no prediction"
+    )
     lines = [
         f"live replay: {doc['calls']} calls, {doc['failed']} failed; agent order "
         f"{'as recorded' if doc['agent_order_same'] else 'differs from the recording'}; "
-        f"harmful evictions measured {doc['harmful_evictions']}, predicted "
-        f"{pred.get('harmful_evictions', '-')} ({pred.get('policy', '-')} @ "
-        f"{pred.get('capacity_tokens')} tokens)",
+        f"harmful evictions measured {doc['harmful_evictions']}, {said}",
         "cached/prompt tokens per agent: original | replay | predicted",
     ]
     for agent, v in doc["per_agent"].items():
