@@ -126,3 +126,23 @@ def test_engine_for_the_source_run_on_free_ports_and_capacity() -> None:
     assert engine_for(source, None, "http://x:1", None) is None
     with pytest.raises(KvscopeError):
         engine_for(source, None, "http://x:1", 8192)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cold-prompts"], "--cold-prompts: only with --live"),
+        (["--pacing", "open-loop"], "--pacing: only with --live"),
+        (["--live", "--pacing", "closed"], "unknown pacing 'closed'"),
+        (["--live", "--capacity-tokens", "1024,2048"], "one --capacity-tokens"),
+        (["--live", "--engine", "e.yaml", "--attach", "http://x:1"], "not both"),
+    ],
+)
+def test_live_options_are_checked_before_any_engine(args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from kvscope.cli import app
+
+    result = CliRunner().invoke(app, ["replay", str(PATHOLOGY), *args])
+    assert result.exit_code != 0
+    assert message in " ".join(result.output.split()), result.output
