@@ -53,3 +53,17 @@ def test_unknown_pacing_and_empty() -> None:
     with pytest.raises(KvscopeError, match="unknown pacing"):
         schedule("closed", [], [], [])
     assert schedule("session", [], [], []) == []
+
+
+def test_session_queued_workflow_takes_the_slot_an_ended_one_freed() -> None:
+    # concurrency 2: w1 and w2 start at 0; w3 starts when w2 ends (4.0); w4 when w1 ends (6.0)
+    workflows = ["w1", "w2", "w1", "w3", "w4", "w3"]
+    start = [0.0, 0.1, 3.0, 4.01, 6.02, 7.0]
+    end = [2.0, 4.0, 6.0, 5.0, 8.0, 9.0]
+    t = schedule("session", workflows, start, end)
+    assert t[0] == Timing(0, 0.0) and t[1] == Timing(1, pytest.approx(0.1))
+    assert t[3].offset_s is None and t[3].after == ((1, pytest.approx(0.01)),)
+    assert t[4].offset_s is None and t[4].after == ((2, pytest.approx(0.02)),)
+    assert t[5].after == ((3, 2.0),)  # w3's own chain
+    # calls without a workflow are never queued
+    assert schedule("session", [None, None], [0.0, 5.0], [1.0, 6.0])[1] == Timing(1, 5.0)
