@@ -83,9 +83,11 @@ def original(source: Source, calls: list[LiveCall]) -> dict[str, dict[str, int |
     return out
 
 
-def measured(table: pa.Table) -> tuple[dict[str, dict[str, int | None]], list[str]]:
-    """Per agent, the replay run's prompt and cached tokens (ok calls), and the agents in the
-    order their calls started."""
+def measured(
+    table: pa.Table,
+) -> tuple[dict[str, dict[str, int | None]], list[tuple[str | None, str]]]:
+    """Per agent, the replay run's prompt and cached tokens (ok calls), and (workflow, agent)
+    of every call in the order the calls started."""
     rows = sorted(table.to_pylist(), key=lambda r: r.get("start_ns") or 0)
     out: dict[str, dict[str, int | None]] = {}
     for r in rows:
@@ -97,7 +99,7 @@ def measured(table: pa.Table) -> tuple[dict[str, dict[str, int | None]], list[st
             row["cached_tokens"] = None
         else:
             row["cached_tokens"] += int(r["cached_tokens"])
-    return out, [r["agent_id"] or NO_AGENT for r in rows]
+    return out, [(r.get("workflow_run_id"), r["agent_id"] or NO_AGENT) for r in rows]
 
 
 def live_document(
@@ -111,12 +113,14 @@ def live_document(
     replay, started = measured(table)
     before = original(source, calls)
     agents = [a for a in ordered_agents(source.trace) if a in replay or a in before]
-    source_order = [c.agent or NO_AGENT for c in sorted(calls, key=lambda c: c.start_s)]
+    recorded = [(c.workflow, c.agent or NO_AGENT) for c in sorted(calls, key=lambda c: c.start_s)]
     return {
         "settings": settings,
         "calls": len(calls),
         "failed": sum(r.get("status") != STATUS_OK for r in table.to_pylist()),
-        "agent_order_same": started == source_order,
+        "agent_order_same": _first_seen(started) == _first_seen(recorded),
+        "workflow_sequences_same": _sequences(started) == _sequences(recorded),
+        "interleaving_same": started == recorded,
         "harmful_evictions": harmful_evictions,
         "predicted": prediction,
         "per_agent": {
@@ -128,6 +132,18 @@ def live_document(
             for a in agents
         },
     }
+
+
+def _first_seen(calls: list[tuple[str | None, str]]) -> list[str]:
+    return list(dict.fromkeys(agent for _, agent in calls))
+
+
+def _sequences(calls: list[tuple[str | None, str]]) -> dict[str | None, list[str]]:
+    """Each workflow's agents in the order its calls started."""
+    out: dict[str | None, list[str]] = {}
+    for workflow, agent in calls:
+        out.setdefault(workflow, []).append(agent)
+    return out
 
 
 def summary_lines(doc: dict[str, Any]) -> list[str]:
@@ -147,7 +163,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     )
     lines = [
         f"live replay: {doc['calls']} calls, {doc['failed']} failed; agent order "
-        f"{'as recorded' if doc['agent_order_same'] else 'differs from the recording'}; "
+        f"{_same(doc['agent_order_same'])}, each workflow's agents "
+        f"{_same(doc['workflow_sequences_same'])}, interleaving {_same(doc['interleaving_same'])}; "
         f"harmful evictions measured {doc['harmful_evictions']}, {said}",
         "cached/prompt tokens per agent: original | replay | predicted",
     ]
@@ -156,3 +173,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             f"  {agent}: {cached(v['original'])} | {cached(v['replay'])} | {cached(v['predicted'])}"
         )
     return lines
+
+
+def _same(flag: bool) -> str:
+    return "as recorded" if flag else "differs"
