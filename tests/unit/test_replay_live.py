@@ -146,3 +146,22 @@ def test_live_options_are_checked_before_any_engine(args: list[str], message: st
     result = CliRunner().invoke(app, ["replay", str(PATHOLOGY), *args])
     assert result.exit_code != 0
     assert message in " ".join(result.output.split()), result.output
+
+
+def test_compare_turns_per_agent_turn_and_transition(tmp_path: Path) -> None:
+    import shutil
+
+    from kvscope.analysis.run import analyze_run
+    from kvscope.report.compare_turns import turns_section
+
+    runs = []
+    for name in ("a", "b"):
+        shutil.copytree(PATHOLOGY, tmp_path / name)
+        runs.append(analyze_run(tmp_path / name))
+    assert turns_section(runs[:1]) is None
+    section = turns_section(runs)
+    assert section is not None
+    turns, transitions = section.tables
+    assert len(turns.rows) == 12  # 4 agents x 3 turns
+    assert turns.rows[4][:3] == ["planner", "2", "640"] and turns.rows[4][-1] == "0.0"
+    assert [r[0] for r in transitions.rows][:2] == ["start -> planner", "planner -> executor"]
