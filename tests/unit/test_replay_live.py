@@ -110,7 +110,7 @@ def test_given_identity_tags_the_call() -> None:
 def test_prediction_and_original_per_agent() -> None:
     source = load_source(PATHOLOGY)
     calls = live_calls(source, PATHOLOGY)
-    orig = original(source, calls)
+    orig = original(calls)
     assert orig["planner"] == {"prompt_tokens": 3 * 937, "cached_tokens": 1280}
     at_run = predicted(source, calls, source.trace.capacity_tokens)
     assert at_run["per_agent"]["planner"]["cached_tokens"] == 1280  # the engine's own, exactly
@@ -121,11 +121,11 @@ def test_prediction_and_original_per_agent() -> None:
 
 def test_engine_for_the_source_run_on_free_ports_and_capacity() -> None:
     source = load_source(PATHOLOGY)
-    cfg = engine_for(source, None, None, 8192)
+    cfg = engine_for(source.run_dir, None, None, 8192)
     assert cfg.kv_capacity_tokens == 8192 and cfg.port != 8000  # type: ignore[union-attr]
-    assert engine_for(source, None, "http://x:1", None) is None
+    assert engine_for(source.run_dir, None, "http://x:1", None) is None
     with pytest.raises(KvscopeError):
-        engine_for(source, None, "http://x:1", 8192)
+        engine_for(source.run_dir, None, "http://x:1", 8192)
 
 
 @pytest.mark.parametrize(
@@ -165,3 +165,37 @@ def test_compare_turns_per_agent_turn_and_transition(tmp_path: Path) -> None:
     assert len(turns.rows) == 12  # 4 agents x 3 turns
     assert turns.rows[4][:3] == ["planner", "2", "640"] and turns.rows[4][-1] == "0.0"
     assert [r[0] for r in transitions.rows][:2] == ["start -> planner", "planner -> executor"]
+
+
+def _messages_run(tmp_path: Path, store: bool) -> Path:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PATHOLOGY, run)
+    (run / "prompt_tokens.jsonl").unlink()
+    rows = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        msgs = [{"role": "system", "content": "shared"}, {"role": "user", "content": f"q{i}"}]
+        r["raw_messages_json"] = json.dumps(msgs) if store else None
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_messages_fallback_without_token_ids(tmp_path: Path) -> None:
+    from kvscope.replay.live_messages import message_calls
+
+    calls, skipped = message_calls(_messages_run(tmp_path, True))
+    assert skipped == 0 and len(calls) == 12
+    assert calls[0].prompt_ids == () and calls[0].messages[1] == {"role": "user", "content": "q0"}
+    assert [c.agent for c in calls[:2]] == ["planner", "executor"] and calls[5].turn == 2
+    assert calls[4].recorded_cached == 640 and calls[0].max_tokens == 16
+    cold, _ = message_calls(_messages_run(tmp_path / "c", True), cold=True)
+    assert len({c.messages[0]["content"] for c in cold}) == 12  # a unique first message each
+    assert original(calls)["planner"] == {"prompt_tokens": None, "cached_tokens": 1280}
+
+
+def test_no_token_ids_and_no_messages_is_a_clear_error(tmp_path: Path) -> None:
+    from kvscope.replay.live_messages import message_calls
+
+    with pytest.raises(KvscopeError, match="store_prompts"):
+        message_calls(_messages_run(tmp_path, False))

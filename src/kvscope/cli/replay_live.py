@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.cli.common import console
 from kvscope.errors import KvscopeError
+from kvscope.records.tokens import TOKENS_JSONL
+
+if TYPE_CHECKING:
+    from kvscope.replay.sources import Source
 
 
 def replay_live(
@@ -37,8 +41,18 @@ def replay_live(
     if engine is not None and attach is not None:
         raise KvscopeError("--live: give --engine or --attach, not both")
     capacity = _one_capacity(capacity_tokens)
-    source = load_source(source_path, block_size)
-    calls = limit(live_calls(source, source_path, cold=cold_prompts), limit_workflows)
+    source: Source | None = None
+    if source_path.is_dir() and not (source_path / TOKENS_JSONL).exists():
+        from kvscope.replay.live_messages import message_calls
+
+        every, skipped = message_calls(source_path, cold=cold_prompts)
+        if skipped:
+            console.print(f"left out: {skipped} calls without stored messages", highlight=False)
+        run_dir: Path | None = source_path
+    else:
+        source = load_source(source_path, block_size)
+        every, run_dir = live_calls(source, source_path, cold=cold_prompts), source.run_dir
+    calls = limit(every, limit_workflows)
     timings = schedule(
         pacing, [c.workflow for c in calls], [c.start_s for c in calls], [c.end_s for c in calls]
     )
@@ -47,15 +61,15 @@ def replay_live(
     name = f"replay-{_source_name(source_path)}"
     cfg = profile_config(
         name,
-        engine_for(source, engine, attach, capacity),
+        engine_for(run_dir, engine, attach, capacity),
         attach,
         runs_dir=runs_dir,
         tracking_uri=tracking_uri,
     )
     settings: dict[str, Any] = {
         "source": str(source_path.resolve()),
-        "source_kind": source.kind,
-        "source_run_id": _source_run_id(source),
+        "source_kind": source.kind if source is not None else "run (messages)",
+        "source_run_id": _source_run_id(run_dir),
         "pacing": pacing,
         "cold_prompts": cold_prompts,
         "calls": len(calls),
@@ -73,8 +87,10 @@ def replay_live(
         from kvscope.analysis.evictions import summary as eviction_summary
 
         harmful = eviction_summary(analysis.blocks)["harmful_evictions"]
-    prediction = predicted(source, calls, replay_capacity) if not cold_prompts else {}
-    doc = live_document(source, calls, settings, analysis.requests, prediction, harmful)
+    prediction = (
+        predicted(source, calls, replay_capacity) if source is not None and not cold_prompts else {}
+    )
+    doc = live_document(calls, settings, analysis.requests, prediction, harmful)
     path = analysis.run_dir / LIVE_REPLAY_JSON
     path.write_text(json.dumps(doc, indent=2))
     if outcome.mlflow_run_id and outcome.tracking_uri:
@@ -107,12 +123,12 @@ def _source_name(path: Path) -> str:
     return (path.name if path.is_dir() else path.stem) or "source"
 
 
-def _source_run_id(source: Any) -> str | None:
-    if source.run_dir is None:
+def _source_run_id(run_dir: Path | None) -> str | None:
+    if run_dir is None:
         return None
     from kvscope.records.run_dir import read_run_json
 
-    return read_run_json(source.run_dir).get("benchmark_run_id")
+    return read_run_json(run_dir).get("benchmark_run_id")
 
 
 def _original(path: Path) -> str:

@@ -20,9 +20,11 @@ prompt keeps its length, so prefill work matches and only reuse differs.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +41,8 @@ _TAIL_SEED = 0x7461696C  # "tail"
 
 @dataclass(frozen=True)
 class LiveCall:
-    """One call to send: its prompt ids, how many tokens to decode, and the identity to tag."""
+    """One call to send: its prompt ids (or recorded chat messages), how many tokens to decode,
+    and the identity to tag."""
 
     index: int
     request_id: str
@@ -51,6 +54,8 @@ class LiveCall:
     turn: int | None
     start_s: float
     end_s: float
+    recorded_cached: float | None = None  # the source engine's cached tokens (None: not known)
+    messages: tuple[dict[str, Any], ...] | None = None  # a chat call (prompt_ids then empty)
 
 
 def block_tokens(hash_id: int, block_size: int) -> np.ndarray:
@@ -120,9 +125,16 @@ def live_calls(source: Source, path: Path, *, cold: bool = False) -> list[LiveCa
                 turn=turns[i],
                 start_s=float(trace.start_s[i]),
                 end_s=float(trace.end_s[i]),
+                recorded_cached=_recorded(trace.measured_cached_tokens, i),
             )
         )
     return calls
+
+
+def _recorded(measured: np.ndarray | None, i: int) -> float | None:
+    if measured is None or math.isnan(measured[i]):
+        return None
+    return float(measured[i])
 
 
 def _run_prompts(run_dir: Path, request_ids: Sequence[str]) -> list[Sequence[int]]:

@@ -1,15 +1,15 @@
 """What a live replay measured beside what its source measured and what the simulator predicted.
 
-`live_document(...)` is RUN/live_replay.json of a replay run: the settings, the per-call outcome
-of the sends, and per agent (in the source's order) prompt and cached tokens: `original` (the
-source's engine; a trace: null), `replay` (this run's engine) and `predicted` (the offline
-simulator, the source engine's own policy, at the replay engine's capacity; run directories and
-traces alike, over exactly the replayed calls). A value not measured is null.
+`live_document(...)` is RUN/live_replay.json of a replay run: the settings, the calls sent and
+how many failed, whether the agents came in the recorded order, and per agent (in the order of
+first appearance) prompt and cached tokens: `original` (the source's engine; a trace: null),
+`replay` (this run's engine) and `predicted` (the offline simulator, the source engine's own
+policy, at the replay engine's capacity, over exactly the replayed calls; null where there are
+no token ids). A value not measured is null.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ import pyarrow as pa
 from kvscope.records.requests import STATUS_OK
 from kvscope.replay.live import LiveCall
 from kvscope.replay.sources import Source
-from kvscope.replay.summary import NO_AGENT, ordered_agents
+from kvscope.replay.summary import NO_AGENT
 from kvscope.replay.trace import Trace
 
 
@@ -67,19 +67,20 @@ def predicted(source: Source, calls: list[LiveCall], capacity: int | None) -> di
     }
 
 
-def original(source: Source, calls: list[LiveCall]) -> dict[str, dict[str, int | None]]:
-    """Per agent, the source's prompt and measured cached tokens over the replayed calls."""
-    trace, index = source.trace, {rid: i for i, rid in enumerate(source.trace.request_ids)}
+def original(calls: list[LiveCall]) -> dict[str, dict[str, int | None]]:
+    """Per agent, the source's prompt and measured cached tokens over the replayed calls (prompt
+    tokens of chat calls are not known before they are sent: null)."""
     out: dict[str, dict[str, int | None]] = {}
     for c in calls:
-        i = index[c.request_id]
         row = out.setdefault(c.agent or NO_AGENT, {"prompt_tokens": 0, "cached_tokens": 0})
-        row["prompt_tokens"] = int(row["prompt_tokens"] or 0) + int(trace.prompt_tokens[i])
-        m = None if trace.measured_cached_tokens is None else trace.measured_cached_tokens[i]
-        if m is None or math.isnan(m) or row["cached_tokens"] is None:
+        if row["prompt_tokens"] is not None:
+            row["prompt_tokens"] = (
+                None if c.messages is not None else row["prompt_tokens"] + len(c.prompt_ids)
+            )
+        if c.recorded_cached is None or row["cached_tokens"] is None:
             row["cached_tokens"] = None
         else:
-            row["cached_tokens"] += int(m)
+            row["cached_tokens"] += int(c.recorded_cached)
     return out
 
 
@@ -103,7 +104,6 @@ def measured(
 
 
 def live_document(
-    source: Source,
     calls: list[LiveCall],
     settings: dict[str, Any],
     table: pa.Table,
@@ -111,8 +111,9 @@ def live_document(
     harmful_evictions: float | None,
 ) -> dict[str, Any]:
     replay, started = measured(table)
-    before = original(source, calls)
-    agents = [a for a in ordered_agents(source.trace) if a in replay or a in before]
+    before = original(calls)
+    first = sorted(calls, key=lambda c: c.start_s)
+    agents = list(dict.fromkeys([*(c.agent or NO_AGENT for c in first), *replay]))
     recorded = [(c.workflow, c.agent or NO_AGENT) for c in sorted(calls, key=lambda c: c.start_s)]
     return {
         "settings": settings,
@@ -125,7 +126,9 @@ def live_document(
         "predicted": prediction,
         "per_agent": {
             a: {
-                "original": before.get(a) if source.kind == "run" else None,
+                "original": before.get(a)
+                if any(c.recorded_cached is not None for c in calls)
+                else None,
                 "replay": replay.get(a),
                 "predicted": (prediction.get("per_agent") or {}).get(a),
             }

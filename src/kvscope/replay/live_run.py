@@ -3,8 +3,9 @@
 The replay is a profiled run (profiling.Profile: the engine started, reused or attached to with
 a cold cache, /metrics, KV events, the request table, analysis, report.html, MLflow): every call
 is sent with the OpenAI SDK inside it, as a streamed /v1/completions request whose prompt is the
-call's token ids, `max_tokens` its recorded output tokens and `ignore_eos` so that the engine
-decodes exactly that many, tagged with the call's original agent, workflow, previous agent and
+call's token ids (a chat completion of its recorded messages where there are no ids),
+`max_tokens` its recorded output tokens and `ignore_eos` so that the engine decodes exactly
+that many, tagged with the call's original agent, workflow, previous agent and
 turn (probe.identity.given). When each call is sent is replay/pacing.py's business.
 
 run.json gets `replay_of` (the source), `replay` (pacing, cold prompts, calls) and the MLflow
@@ -34,7 +35,6 @@ from kvscope.probe.tracing import truncate_param
 from kvscope.records.run_dir import RUN_JSON, read_run_json
 from kvscope.replay.live import LiveCall
 from kvscope.replay.pacing import Timing, fire_time
-from kvscope.replay.sources import Source
 
 LIVE_REPLAY_JSON = "live_replay.json"
 REQUEST_TIMEOUT_S = 600.0
@@ -98,27 +98,32 @@ def identity_of(call: LiveCall) -> CallIdentity:
 
 
 async def complete(client: openai.AsyncOpenAI, model: str, call: LiveCall) -> str | None:
-    """One streamed token-id completion; the error type of a failed one (the capture writes its
-    row with that status either way)."""
+    """One streamed token-id completion (a chat completion of the recorded messages, for a call
+    that has them); the error type of a failed one (the capture writes its row either way)."""
+    common: dict[str, Any] = {
+        "model": model,
+        "max_tokens": call.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "extra_body": {"ignore_eos": True},
+    }
     try:
-        stream = await client.completions.create(
-            model=model,
-            prompt=list(call.prompt_ids),
-            max_tokens=call.max_tokens,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        async for _ in stream:
-            pass
+        if call.messages is not None:
+            chat = await client.chat.completions.create(messages=list(call.messages), **common)
+            async for _ in chat:
+                pass
+        else:
+            stream = await client.completions.create(prompt=list(call.prompt_ids), **common)
+            async for _ in stream:
+                pass
     except (openai.APIError, ValueError) as err:
         return type(err).__name__
     return None
 
 
 def engine_for(
-    source: Source, engine: Path | None, attach: str | None, capacity: int | None
+    run_dir: Path | None, engine: Path | None, attach: str | None, capacity: int | None
 ) -> str | Path | EngineConfig | None:
     """The replay's engine: `attach`, the `engine` YAML, else the source run's own engine (on
     free ports), else the embedded one; `capacity` replaces the KV capacity of a launched one."""
@@ -133,11 +138,11 @@ def engine_for(
 
         data = load_yaml(engine)
         base = parse_engine(data.get("engine", data), str(engine))
-    elif source.run_dir is not None:
-        recorded = (read_run_json(source.run_dir).get("config") or {}).get("engine") or {}
+    elif run_dir is not None:
+        recorded = (read_run_json(run_dir).get("config") or {}).get("engine") or {}
         if recorded.get("kind") == "attach":
             raise KvscopeError(
-                f"{source.run_dir} ran on an attached engine: say which with --attach or --engine"
+                f"{run_dir} ran on an attached engine: say which with --attach or --engine"
             )
         base = EngineConfig.model_validate(recorded)
         base = base.model_copy(update=_free_ports())
