@@ -191,7 +191,7 @@ def test_messages_fallback_without_token_ids(tmp_path: Path) -> None:
     assert calls[4].recorded_cached == 640 and calls[0].max_tokens == 16
     cold, _ = message_calls(_messages_run(tmp_path / "c", True), cold=True)
     assert len({c.messages[0]["content"] for c in cold}) == 12  # a unique first message each
-    assert original(calls)["planner"] == {"prompt_tokens": None, "cached_tokens": 1280}
+    assert original(calls)["planner"] == {"prompt_tokens": 3 * 937, "cached_tokens": 1280}
 
 
 def test_no_token_ids_and_no_messages_is_a_clear_error(tmp_path: Path) -> None:

@@ -56,6 +56,12 @@ class LiveCall:
     end_s: float
     recorded_cached: float | None = None  # the source engine's cached tokens (None: not known)
     messages: tuple[dict[str, Any], ...] | None = None  # a chat call (prompt_ids then empty)
+    recorded_prompt: int | None = None  # a chat call's recorded prompt tokens
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's tokens: its ids, or a chat call's recorded count."""
+        return self.recorded_prompt if self.messages is not None else len(self.prompt_ids)
 
 
 def block_tokens(hash_id: int, block_size: int) -> np.ndarray:

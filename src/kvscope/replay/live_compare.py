@@ -68,15 +68,13 @@ def predicted(source: Source, calls: list[LiveCall], capacity: int | None) -> di
 
 
 def original(calls: list[LiveCall]) -> dict[str, dict[str, int | None]]:
-    """Per agent, the source's prompt and measured cached tokens over the replayed calls (prompt
-    tokens of chat calls are not known before they are sent: null)."""
+    """Per agent, the source's prompt and measured cached tokens over the replayed calls."""
     out: dict[str, dict[str, int | None]] = {}
     for c in calls:
         row = out.setdefault(c.agent or NO_AGENT, {"prompt_tokens": 0, "cached_tokens": 0})
         if row["prompt_tokens"] is not None:
-            row["prompt_tokens"] = (
-                None if c.messages is not None else row["prompt_tokens"] + len(c.prompt_ids)
-            )
+            n = c.prompt_tokens
+            row["prompt_tokens"] = None if n is None else row["prompt_tokens"] + n
         if c.recorded_cached is None or row["cached_tokens"] is None:
             row["cached_tokens"] = None
         else:
@@ -155,7 +153,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     def cached(v: dict[str, Any] | None) -> str:
         if v is None or v.get("cached_tokens") is None:
             return "-"
-        return f"{v['cached_tokens']:,}/{v['prompt_tokens']:,}"
+        prompt = v.get("prompt_tokens")
+        return f"{v['cached_tokens']:,}/{'-' if prompt is None else format(prompt, ',')}"
 
     pred = doc["predicted"]
     said = (

@@ -61,6 +61,7 @@ def message_calls(run_dir: Path, *, cold: bool = False) -> tuple[list[LiveCall],
                 end_s=max((r.get("end_ns") or r["start_ns"]) / 1e9, start),
                 recorded_cached=None if r.get("cached_tokens") is None else r["cached_tokens"],
                 messages=messages,
+                recorded_prompt=r.get("prompt_tokens"),
             )
         )
     return calls, len(rows) - len(usable)
