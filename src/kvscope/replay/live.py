@@ -4,7 +4,8 @@
 trace's order:
 
 - a run directory: the prompt token ids the run captured (prompt_tokens.jsonl), the recorded
-  completion tokens, agent, workflow, previous agent and turn (the request table's turn_id).
+  completion tokens, agent, workflow, previous agent and turn (the request table's turn_id);
+  `start_s` is when the call was sent (start_ns), not when the engine scheduled it.
 - a token-id trace: the line's `token_ids` (the file is read again: the Source keeps only keys).
 - a Mooncake trace: synthetic token ids expanded deterministically from the hash ids: block
   `h` becomes `block_size` ids drawn by an RNG seeded with `h`, so two requests share a prefix
@@ -96,10 +97,10 @@ def live_calls(source: Source, path: Path, *, cold: bool = False) -> list[LiveCa
     if source.kind == "run":
         assert source.run_dir is not None
         prompts = _run_prompts(source.run_dir, trace.request_ids)
-        turns = _run_turns(source.run_dir, trace.request_ids)
+        turns, sent = _run_rows(source.run_dir, trace.request_ids)
     elif source.kind == "tokens":
         prompts = _trace_prompts(path, trace.request_ids)
-        turns = _visits(trace.agents, trace.workflows)
+        turns, sent = _visits(trace.agents, trace.workflows), None
     elif source.kind == "mooncake":
         bs = trace.block_size
         prompts = [
@@ -111,7 +112,7 @@ def live_calls(source: Source, path: Path, *, cold: bool = False) -> list[LiveCa
             )
             for i in range(len(trace))
         ]
-        turns = _visits(trace.agents, trace.workflows)
+        turns, sent = _visits(trace.agents, trace.workflows), None
     else:
         raise KvscopeError(f"--live cannot replay a {source.kind!r} source")
     calls = []
@@ -129,7 +130,7 @@ def live_calls(source: Source, path: Path, *, cold: bool = False) -> list[LiveCa
                 workflow=trace.workflows[i],
                 previous_agent=trace.previous_agents[i],
                 turn=turns[i],
-                start_s=float(trace.start_s[i]),
+                start_s=float(trace.start_s[i] if sent is None else sent[i]),
                 end_s=float(trace.end_s[i]),
                 recorded_cached=_recorded(trace.measured_cached_tokens, i),
             )
@@ -151,10 +152,14 @@ def _run_prompts(run_dir: Path, request_ids: Sequence[str]) -> list[Sequence[int
     return [tokens[r].tolist() for r in request_ids]
 
 
-def _run_turns(run_dir: Path, request_ids: Sequence[str]) -> list[int | None]:
-    table = requests.load_table(run_dir).select(["request_uuid", "turn_id"]).to_pylist()
-    turns = {row["request_uuid"]: row["turn_id"] for row in table}
-    return [turns.get(r) for r in request_ids]
+def _run_rows(run_dir: Path, request_ids: Sequence[str]) -> tuple[list[int | None], list[float]]:
+    """Each call's turn and when it was sent (seconds): pacing keeps the app's gaps between a
+    call's end and the next call's sending, not the engine's queueing before it scheduled one."""
+    cols = ["request_uuid", "turn_id", "start_ns"]
+    rows = {r["request_uuid"]: r for r in requests.load_table(run_dir).select(cols).to_pylist()}
+    return [rows[r]["turn_id"] for r in request_ids], [
+        rows[r]["start_ns"] / 1e9 for r in request_ids
+    ]
 
 
 def _trace_prompts(path: Path, request_ids: Sequence[str]) -> list[Sequence[int]]:
