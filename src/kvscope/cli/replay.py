@@ -186,8 +186,57 @@ def replay(
         ),
     ] = False,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Send the calls to a real engine instead (a kvscope run; kvscope.replay.live).",
+        ),
+    ] = False,
+    engine: Annotated[
+        Path | None,
+        typer.Option(help="--live: the engine config YAML (default: the source run's engine)."),
+    ] = None,
+    attach: Annotated[
+        str | None, typer.Option(help="--live: the base URL of a running engine to replay on.")
+    ] = None,
+    pacing: Annotated[
+        str,
+        typer.Option(
+            help="--live: session (a workflow's next call after its previous one completes plus "
+            "the recorded gap) or open-loop (every call at its recorded offset)."
+        ),
+    ] = "session",
+    cold_prompts: Annotated[
+        bool,
+        typer.Option("--cold-prompts", help="--live: a unique first block per call (no reuse)."),
+    ] = False,
+    limit_workflows: Annotated[
+        int | None, typer.Option(help="--live: replay only the first N workflows.")
+    ] = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option(help="--live: where the replay run is written.")
+    ] = None,
 ) -> None:
-    """Replay SOURCE's requests under other eviction policies and KV capacities."""
+    """Replay SOURCE's requests under other eviction policies and KV capacities (or, with
+    --live, on a real engine, as a kvscope run)."""
+    if live:
+        from kvscope.cli.replay_live import replay_live
+
+        replay_live(
+            source, block_size, engine=engine, attach=attach, pacing=pacing,
+            cold_prompts=cold_prompts, capacity_tokens=capacity_tokens,
+            limit_workflows=limit_workflows, runs_dir=runs_dir, tracking_uri=tracking_uri,
+        )  # fmt: skip
+        return
+    live_only = {"--engine": engine, "--attach": attach, "--limit-workflows": limit_workflows,
+                 "--runs-dir": runs_dir}  # fmt: skip
+    if (
+        given := [k for k, v in live_only.items() if v is not None]
+        + (["--cold-prompts"] if cold_prompts else [])
+        + (["--pacing"] if pacing != "session" else [])
+    ):
+        raise KvscopeError(f"{', '.join(given)}: only with --live")
     from kvscope.report.replay_section import replay_sections
     from kvscope.report.terminal import print_section
 

@@ -28,7 +28,9 @@ run, in its thread or task) and the active RunTracker (probe/runs.py). The rules
 - annotations: `kvscope.annotate(...)` values over the node's `kvscope` metadata, by row column.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -56,9 +58,25 @@ class CallIdentity:
     hints: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # fixed_messages
 
 
+_GIVEN: ContextVar["CallIdentity | None"] = ContextVar("kvscope_given_identity", default=None)
+
+
+@contextmanager
+def given(identity: "CallIdentity") -> Iterator[None]:
+    """Every call made inside the block has exactly this identity (a live replay re-sends
+    recorded calls under their original agent, workflow and transition); nothing is inferred."""
+    token = _GIVEN.set(identity)
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
 def identify() -> CallIdentity:
     """The identity of a call made now, in this thread or task; registers it with the active
-    tracker (so call it once per call, when the request is sent)."""
+    tracker (so call it once per call, when the request is sent). Inside `given(...)`: that."""
+    if (fixed := _GIVEN.get()) is not None:
+        return fixed
     config = var_child_runnable_config.get() or {}
     metadata: Mapping[str, Any] = config.get("metadata") or {}
     node_meta = metadata.get(labels.METADATA_KEY)

@@ -14,6 +14,7 @@ from kvscope.analysis.run import RunAnalysis, analyze_run
 from kvscope.errors import KvscopeError
 from kvscope.records.run_dir import REPORT_HTML
 from kvscope.report.compare_sections import cross_run_sections, run_labels
+from kvscope.report.compare_turns import turns_section
 from kvscope.report.run_sections import run_sections
 from kvscope.report.table import NULL
 
@@ -60,7 +61,7 @@ def compare_report(run_dirs: list[Path], out: Path) -> Path:
     rows = [[sections[i] for sections in per_run] for i in range(len(per_run[0]))]
     html = _env().get_template("compare.html").render(
         title=f"{len(data)} runs compared", labels=[d.label for d in data], rows=rows,
-        cross=cross_run_sections(data), null=NULL,
+        cross=[*cross_run_sections(data), *filter(None, [turns_section(data)])], null=NULL,
     )  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")

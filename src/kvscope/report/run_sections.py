@@ -36,6 +36,9 @@ def run_sections(run: RunAnalysis) -> list[Section]:
 def overview(run: RunAnalysis) -> Section:
     req, cfg = run.requests, run.config
     engine, workload = cfg.get("engine") or {}, cfg.get("workload") or {}
+    if cfg.get("app"):  # a profiled app or a live replay: the workload section is a default
+        workflows = len(set(req["workflow_run_id"].drop_null().to_pylist()))
+        workload = {"workflows": workflows or NULL, "concurrency": NULL}
     whole = next(
         (r for r in layout_comparison({run.label: req}).to_pylist() if r["agent_id"] == ALL), {}
     )
@@ -44,6 +47,7 @@ def overview(run: RunAnalysis) -> Section:
     pairs = [
         ("run", run.label),
         ("engine", str(engine.get("kind", "unknown"))),
+        *([("replay of", str(run.run["replay_of"]))] if run.run.get("replay_of") else []),
         ("prompt layout", str(workload.get("layout", distinct_values(req, "prompt_layout")))),
         (
             "workflows x concurrency",
