@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from kvscope.finalize.blockhash import prompt_blocks
 from kvscope.finalize.divergence import with_divergence
@@ -42,7 +43,9 @@ def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0) 
     prompts[:, : head.shape[1]] = np.tile(head, (n // len(AGENTS), 1))
     prompts[:, head.shape[1] :] = rng.integers(50_000, size=(n, SUFFIX), dtype=np.int32)
     keys, _, offsets = prompt_blocks(prompts, BLOCK)
-    key_list, bounds = keys.tolist(), offsets.tolist()
+    # the events' block hashes: the keys as int64 (engines' hashes fit the table's int64 column)
+    key_list, bounds = keys.view(np.int64).tolist(), offsets.tolist()
+    del keys
     rows, tokens, events = [], {}, []
     cache: OrderedDict[int, None] = OrderedDict()  # block hash -> None, LRU order
     j = 0
@@ -101,8 +104,8 @@ def main() -> None:
     t3 = time.perf_counter()
     with_divergence(prov.rows, tokens)
     t4 = time.perf_counter()
-    evicted = sum(b["removal"] == "evicted" for b in prov.blocks)
-    harmful = sum(b["harmful"] for b in prov.blocks)
+    evicted = pc.sum(pc.equal(prov.table["removal"], "evicted")).as_py() or 0
+    harmful = pc.sum(prov.table["harmful"]).as_py() or 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n_tokens = sum(map(len, tokens.values()))
     print(f"requests {len(rows):,}  prompt tokens {n_tokens:,}  block lives {len(ledger.lives):,}"
