@@ -19,6 +19,7 @@ from kvscope.records.tokens import longest_given_keys
 
 _STEP = 16  # tokens compared per refinement round
 _PAD = -1  # below every token id: a piece that ends first sorts first
+_GROUP = 8192  # spans whose tokens are gathered at once
 
 
 def longest_with_earlier(
@@ -87,15 +88,19 @@ def _lexicographic(
 def _columns(
     arrays: Sequence[np.ndarray], owner: np.ndarray, begin: np.ndarray, end: np.ndarray
 ) -> np.ndarray:
-    """(len(owner), _STEP) int64: tokens begin .. begin + _STEP of each span, _PAD past its end."""
-    stop = np.maximum(np.minimum(begin + _STEP, end), begin)
-    size = stop - begin
-    spans = zip(owner.tolist(), begin.tolist(), stop.tolist(), strict=True)
-    parts = [arrays[o][b:e] for o, b, e in spans]
+    """(len(owner), _STEP) int64: tokens begin .. begin + _STEP of each span, _PAD past its end.
+
+    Filled _GROUP spans at a time, so the temporaries are those of a group, not of every span."""
     out = np.full((len(owner), _STEP), _PAD, dtype=np.int64)
-    if int(size.sum()):
-        flat = np.concatenate(parts).astype(np.int64)
-        row = np.repeat(np.arange(len(owner)), size)
+    for g in range(0, len(owner), _GROUP):
+        o, b, e = owner[g : g + _GROUP], begin[g : g + _GROUP], end[g : g + _GROUP]
+        stop = np.maximum(np.minimum(b + _STEP, e), b)
+        size = stop - b
+        if not int(size.sum()):
+            continue
+        spans = zip(o.tolist(), b.tolist(), stop.tolist(), strict=True)
+        flat = np.concatenate([arrays[k][x:y] for k, x, y in spans])
+        row = np.repeat(np.arange(g, g + len(o)), size)
         col = np.arange(len(flat)) - np.repeat(np.cumsum(size) - size, size)
         out[row, col] = flat
     return out

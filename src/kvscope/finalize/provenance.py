@@ -161,10 +161,10 @@ class _Prompts:
 
     listed: list[Tokens]  # their token ids
     position: list[int]  # index in the start order of each prompt
-    keys: list[int]  # chained prefix keys, flat
+    keys: np.ndarray  # chained prefix keys, flat (uint64: 8 bytes a block, not a Python int)
     hashes: np.ndarray  # the blocks' own hashes, flat
     offsets: list[int]  # prompt j's blocks are [offsets[j], offsets[j + 1])
-    seen_before: list[bool]  # a prompt that started earlier holds the same prefix key
+    seen_before: np.ndarray  # bool: a prompt that started earlier holds the same prefix key
 
 
 def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
@@ -175,8 +175,8 @@ def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _
     uniq, inverse = np.unique(keys, return_inverse=True)
     first = np.full(len(uniq), len(listed), dtype=np.int64)
     np.minimum.at(first, inverse, holder)
-    seen = (first[inverse] < holder).tolist()
-    return _Prompts(listed, position, keys.tolist(), hashes, offsets.tolist(), seen)
+    seen = first[inverse.ravel()] < holder
+    return _Prompts(listed, position, keys, hashes, offsets.tolist(), seen)
 
 
 @without_gc
@@ -257,7 +257,7 @@ def _classify(
 ) -> tuple[dict[str, int], list[int]]:
     """The cached split and evicted tokens, and the blocks left for the layout check (flat)."""
     cached = r["cached_tokens"]
-    keys = prompts.keys[lo:hi]
+    keys = prompts.keys[lo:hi].tolist()
     t = _admitted(r)
     counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
     hit_blocks = min(cached // size, len(keys))
@@ -272,6 +272,7 @@ def _classify(
     counts["unattributed"] += cached - hit_blocks * size
     counts["evicted"] = 0
     asks = []
+    seen = prompts.seen_before[lo:hi].tolist()
     for i in range(hit_blocks, len(keys)):
         lives = by_key.get(keys[i])
         last = lives.evicted_before(t) if lives else None
@@ -279,7 +280,7 @@ def _classify(
             last.needed_by = last.needed_by or r["request_uuid"]
             last.needed += 1
             counts["evicted"] += size
-        elif not prompts.seen_before[lo + i]:  # else: computed by a request in flight: cold
+        elif not seen[i]:  # else: computed by a request in flight: cold
             asks.append(lo + i)
     return counts, asks
 
@@ -313,7 +314,7 @@ def _attribute_owners(ledger: Ledger, order: Sequence[Row], prompts: _Prompts) -
     holders: dict[int, list[int]] = defaultdict(list)  # key -> start positions holding it
     if wanted:
         for j, p in enumerate(prompts.position):
-            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]]:
+            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]].tolist():
                 if k in wanted and (not holders[k] or holders[k][-1] != p):
                     holders[k].append(p)
     starts = [r["start_ns"] for r in order]
