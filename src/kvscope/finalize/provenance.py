@@ -210,9 +210,13 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
             done.append((r, counts))
         else:
             skipped[reason] += 1
+    del by_key  # the per-pass state is freed before the block table is built: a lower peak
     layout = _layout_blocks(prompts, size, asks, asker, len(done))
+    del prompts, asks, asker
     out = {r["request_uuid"]: r | _columns(r, c, layout[n] * size) for n, (r, c) in enumerate(done)}
+    del done, layout
     result = [out.get(r["request_uuid"], r) for r in rows]
+    del out
     return Provenance(result, block_table(ledger.lives, by_uuid), dict(skipped))
 
 
