@@ -18,7 +18,6 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from kvscope.finalize.blockhash import prompt_blocks
 from kvscope.finalize.divergence import with_divergence
@@ -105,8 +104,8 @@ def main() -> None:
     del ledger  # a run's finalize runs the divergence pass before the ledger is built
     with_divergence(prov.rows, tokens)
     t4 = time.perf_counter()
-    evicted = pc.sum(pc.equal(prov.table["removal"], "evicted")).as_py() or 0
-    harmful = pc.sum(prov.table["harmful"]).as_py() or 0
+    evicted = prov.table.column("removal").to_pylist().count("evicted")
+    harmful = prov.table.column("harmful").to_pylist().count(True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n_tokens = sum(map(len, tokens.values()))
     print(f"requests {len(rows):,}  prompt tokens {n_tokens:,}  block lives {prov.table.num_rows:,}"
