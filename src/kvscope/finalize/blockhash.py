@@ -110,6 +110,27 @@ def prompt_blocks(
     return keys, hashes, offsets
 
 
+def piece_hashes(prompts: Sequence[Tokens], size: int) -> np.ndarray:
+    """The hashes of every prompt's consecutive `size`-token pieces, the last one possibly
+    shorter (its length is mixed in), flat and in order: ceil(len / size) per prompt."""
+    counts = np.array([-(-len(p) // size) for p in prompts], dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=np.uint64)
+    at = 0
+    for span in batches(prompts):
+        G, starts = _cumsum([prompts[i] for i in span])
+        c = counts[span.start : span.stop]
+        n = int(c.sum())
+        if not n:
+            continue
+        begin = np.repeat(starts[:-1], c) + (np.arange(n) - np.repeat(np.cumsum(c) - c, c)) * size
+        end = np.minimum(begin + size, np.repeat(starts[1:], c))
+        with np.errstate(over="ignore"):
+            h = _span_hashes(G, begin, end) ^ (end - begin).astype(np.uint64) * np.uint64(_K1)
+        out[at : at + n] = h
+        at += n
+    return out
+
+
 MASK = 0xFFFF_FFFF_FFFF_FFFF
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from kvscope.finalize.gcpause import without_gc
-from kvscope.records.tokens import common_prefix, longest_with_earlier
+from kvscope.finalize.lcp import longest_with_earlier
+from kvscope.records.tokens import common_prefix
 
 Row = dict[str, Any]
 

@@ -14,7 +14,7 @@ of its whole history.
 """
 
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 _NEVER = float("inf")
@@ -35,17 +35,18 @@ class KeyLives(Generic[L]):
 
     def __init__(self, lives: list[L]) -> None:
         self.lives = lives
-        self.stored: list[int] = []
-        self.removed_by: list[float] = []  # max removal time over lives[: i + 1]
-        self.ordered = len(lives) > 1  # one life: the scan is as quick
+        self.stored: Sequence[int] = ()
+        self.removed_by: Sequence[float] = ()  # max removal time over lives[: i + 1]
+        self.ordered = len(lives) > 1  # one life: the scan is as quick (and no lists are kept)
         if not self.ordered:
             return
         self.stored = [x.stored_ns for x in lives]
         self.ordered = all(a <= b for a, b in zip(self.stored, self.stored[1:], strict=False))
-        latest = -_NEVER
+        latest, removed_by = -_NEVER, []
         for x in lives:
             latest = max(latest, _NEVER if x.removed_ns is None else x.removed_ns)
-            self.removed_by.append(latest)
+            removed_by.append(latest)
+        self.removed_by = removed_by
 
     def resident(self, t: int) -> L | None:
         if not self.ordered:

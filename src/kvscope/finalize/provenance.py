@@ -21,17 +21,19 @@ requests at once after the pass, keeping only the windows whose hash some check 
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from kvscope.finalize import blockhash, keylives
 from kvscope.finalize.blockhash import Tokens
+from kvscope.finalize.blocktable import block_table
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import KeyLives
 from kvscope.records.kv_events import KvBatch, KvEvent
-from kvscope.records.requests import STATUS_OK, transition_label
+from kvscope.records.requests import STATUS_OK
 
 _ROOT = 0
 _UNMATCHABLE = -1  # the key of a block no prompt block can equal (a partial or odd-sized chunk)
@@ -53,8 +55,9 @@ class BlockLife:
     removal: str | None = None  # "evicted" | "cleared"
     evictor: str | None = None
     evictor_method: str | None = None  # how it was inferred
-    hits: list[str] = field(default_factory=list)  # requests served by this life
-    needed_by: list[str] = field(default_factory=list)  # requests that recomputed it after
+    hits: int = 0  # requests served by this life
+    needed_by: str | None = None  # the first request that recomputed it after it was removed
+    needed: int = 0  # how many requests did
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,13 @@ def _key_of(alive: Mapping[int, BlockLife], parent: int) -> int | None:
 @dataclass(frozen=True)
 class Provenance:
     rows: list[Row]  # the request rows with the provenance columns filled
-    blocks: list[Row]  # one row per block life
+    table: pa.Table  # the block table (records.blocks.BLOCKS_SCHEMA), one row per block life
     skipped: dict[str, int]  # requests left null, by reason
+
+    @property
+    def blocks(self) -> list[Row]:
+        """The block table as one dict per block life (records.blocks.BlockRecord.to_dict())."""
+        return self.table.to_pylist()
 
 
 @dataclass(frozen=True)
@@ -153,10 +161,10 @@ class _Prompts:
 
     listed: list[Tokens]  # their token ids
     position: list[int]  # index in the start order of each prompt
-    keys: list[int]  # chained prefix keys, flat
+    keys: np.ndarray  # chained prefix keys, flat (uint64: 8 bytes a block, not a Python int)
     hashes: np.ndarray  # the blocks' own hashes, flat
     offsets: list[int]  # prompt j's blocks are [offsets[j], offsets[j + 1])
-    seen_before: list[bool]  # a prompt that started earlier holds the same prefix key
+    seen_before: np.ndarray  # bool: a prompt that started earlier holds the same prefix key
 
 
 def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
@@ -167,8 +175,8 @@ def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _
     uniq, inverse = np.unique(keys, return_inverse=True)
     first = np.full(len(uniq), len(listed), dtype=np.int64)
     np.minimum.at(first, inverse, holder)
-    seen = (first[inverse] < holder).tolist()
-    return _Prompts(listed, position, keys.tolist(), hashes, offsets.tolist(), seen)
+    seen = first[inverse.ravel()] < holder
+    return _Prompts(listed, position, keys, hashes, offsets.tolist(), seen)
 
 
 @without_gc
@@ -178,7 +186,8 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
     if size is None:
-        return Provenance(list(rows), [], {"no stored blocks": len(rows)})
+        empty = block_table([], by_uuid)
+        return Provenance(list(rows), empty, {"no stored blocks": len(rows)})
     order = sorted(rows, key=lambda r: r["start_ns"])
     prompts = _prompts(order, tokens, size)
     _attribute_owners(ledger, order, prompts)
@@ -201,10 +210,14 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
             done.append((r, counts))
         else:
             skipped[reason] += 1
+    del by_key  # the per-pass state is freed before the block table is built: a lower peak
     layout = _layout_blocks(prompts, size, asks, asker, len(done))
+    del prompts, asks, asker
     out = {r["request_uuid"]: r | _columns(r, c, layout[n] * size) for n, (r, c) in enumerate(done)}
+    del done, layout
     result = [out.get(r["request_uuid"], r) for r in rows]
-    return Provenance(result, [_block_row(b, by_uuid) for b in ledger.lives], dict(skipped))
+    del out
+    return Provenance(result, block_table(ledger.lives, by_uuid), dict(skipped))
 
 
 def _layout_blocks(
@@ -248,7 +261,7 @@ def _classify(
 ) -> tuple[dict[str, int], list[int]]:
     """The cached split and evicted tokens, and the blocks left for the layout check (flat)."""
     cached = r["cached_tokens"]
-    keys = prompts.keys[lo:hi]
+    keys = prompts.keys[lo:hi].tolist()
     t = _admitted(r)
     counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
     hit_blocks = min(cached // size, len(keys))
@@ -258,18 +271,20 @@ def _classify(
         if life is None or life.owner is None or life.owner == r["request_uuid"]:
             counts["unattributed"] += size
             continue
-        life.hits.append(r["request_uuid"])
+        life.hits += 1
         counts[_relation(r, by_uuid.get(life.owner))] += size
     counts["unattributed"] += cached - hit_blocks * size
     counts["evicted"] = 0
     asks = []
+    seen = prompts.seen_before[lo:hi].tolist()
     for i in range(hit_blocks, len(keys)):
         lives = by_key.get(keys[i])
         last = lives.evicted_before(t) if lives else None
         if last is not None:
-            last.needed_by.append(r["request_uuid"])
+            last.needed_by = last.needed_by or r["request_uuid"]
+            last.needed += 1
             counts["evicted"] += size
-        elif not prompts.seen_before[lo + i]:  # else: computed by a request in flight: cold
+        elif not seen[i]:  # else: computed by a request in flight: cold
             asks.append(lo + i)
     return counts, asks
 
@@ -303,7 +318,7 @@ def _attribute_owners(ledger: Ledger, order: Sequence[Row], prompts: _Prompts) -
     holders: dict[int, list[int]] = defaultdict(list)  # key -> start positions holding it
     if wanted:
         for j, p in enumerate(prompts.position):
-            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]]:
+            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]].tolist():
                 if k in wanted and (not holders[k] or holders[k][-1] != p):
                     holders[k].append(p)
     starts = [r["start_ns"] for r in order]
@@ -335,37 +350,3 @@ def _infer_evictors(ledger: Ledger, order: Sequence[Row], by_uuid: Mapping[str, 
                 if order[p]["end_ns"] >= t:
                     life.evictor, life.evictor_method = order[p]["request_uuid"], "in flight"
                     break
-
-
-def _block_row(b: BlockLife, by_uuid: Mapping[str, Row]) -> Row:
-    """A records.blocks.BlockRecord's to_dict(), built directly (one per block life)."""
-    owner, evictor = by_uuid.get(b.owner or ""), by_uuid.get(b.evictor or "")
-    needer = by_uuid.get(b.needed_by[0]) if b.needed_by else None
-    harmful = b.removal == "evicted" and bool(b.needed_by)
-    return {
-        "block_hash": b.block_hash,
-        "tokens": b.tokens,
-        "stored_ns": b.stored_ns,
-        "removed_ns": b.removed_ns,
-        "removal": b.removal,
-        "residency_ms": None if b.removed_ns is None else (b.removed_ns - b.stored_ns) / 1e6,
-        "owner_request_uuid": b.owner,
-        "owner_agent_id": owner["agent_id"] if owner else None,
-        "owner_workflow_run_id": owner["workflow_run_id"] if owner else None,
-        "owner_turn_id": owner["turn_id"] if owner else None,
-        "attribution": b.attribution,
-        "hits": len(b.hits),
-        "evictor_request_uuid": b.evictor,
-        "evictor_agent_id": evictor["agent_id"] if evictor else None,
-        "evictor_workflow_run_id": evictor["workflow_run_id"] if evictor else None,
-        "evictor_inferred": b.evictor_method,
-        "harmful": harmful,
-        "recomputed_tokens": b.tokens * len(b.needed_by) if harmful else 0,
-        "needed_by_request_uuid": needer["request_uuid"] if needer else None,
-        "needed_by_agent_id": needer["agent_id"] if needer else None,
-        "needed_by_transition": (
-            transition_label(needer.get("previous_agent_id"), needer["agent_id"])
-            if needer
-            else None
-        ),
-    }

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvscope.collect.context import with_context
@@ -19,7 +18,7 @@ from kvscope.errors import KvscopeError
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import build_ledger, provenance
 from kvscope.records import kv_events, metrics, requests
-from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA
+from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.finalized import Finalized, KvReport
 from kvscope.records.tokens import load_tokens
 
@@ -37,15 +36,15 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     tokens = load_tokens(run_dir)
     if tokens:
         rows = with_divergence(rows, tokens)
-    blocks: list[dict[str, Any]] = []
+    n_blocks = 0
     report = None
     if (run_dir / kv_events.KV_EVENTS_JSONL).exists():
         batches, _ = kv_events.read_batches(run_dir / kv_events.KV_EVENTS_JSONL)
         pq.write_table(kv_events.events_table(batches), run_dir / kv_events.KV_EVENTS_PARQUET)
         ledger = build_ledger(kv_events.events_of(batches))
         prov = provenance(rows, tokens, ledger)
-        rows, blocks = prov.rows, prov.blocks
-        pq.write_table(pa.Table.from_pylist(blocks, schema=BLOCKS_SCHEMA), run_dir / BLOCKS_PARQUET)
+        rows, n_blocks = prov.rows, prov.table.num_rows
+        pq.write_table(prov.table, run_dir / BLOCKS_PARQUET)
         missing, recovered = kv_events.holes(batches)
         listener = None
         if (run_dir / kv_events.KV_SUMMARY).exists():
@@ -58,7 +57,7 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
         )  # fmt: skip
     requests.write_table(run_dir, rows)
     context = sum(r.get("cache_used_tokens_before") is not None for r in rows)
-    done = Finalized(len(rows), skipped, context, len(blocks), report)
+    done = Finalized(len(rows), skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
 

@@ -137,9 +137,17 @@ def longest_with_earlier(
     `chunk`-token pieces among all distinct pieces in lexicographic order (4 bytes a piece, the
     last piece possibly shorter): the order of the sequences, in 4 / chunk bytes a token.
     """
-    n = len(prompts)
     arrays = [np.asarray(p) for p in prompts]
-    keys = _piece_keys(arrays, chunk)
+    return longest_given_keys(arrays, _piece_keys(arrays, chunk), chunk)
+
+
+def longest_given_keys(
+    arrays: Sequence[np.ndarray], keys: Sequence[bytes], chunk: int
+) -> list[int]:
+    """longest_with_earlier, given the sequences' piece keys: keys[i] holds one big-endian 4-byte
+    id per `chunk`-token piece of arrays[i], equal ids for equal pieces, and ids ordered as the
+    pieces are lexicographically (so the keys sort as the sequences do)."""
+    n = len(arrays)
     by_key = sorted(range(n), key=keys.__getitem__)
     adjacent = [0] * n  # adjacent[i]: the common prefix of sorted i - 1 and sorted i
     for i in range(1, n):
