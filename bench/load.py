@@ -1,0 +1,327 @@
+"""kvscope under load, the profiler being the bottleneck: prints numbers, asserts nothing.
+
+    .venv/bin/python bench/load.py [--workflows 200] [--seconds 300] [--no-tokenize]
+
+The engine is a stand-in that answers at once (bench/standin_engine.py: vLLM 0.32.0's recorded
+replies over real HTTP, from a process of its own), so every cost measured is the app's and the
+profiler's; a stand-in is used because the point here is kvscope's own cost, not an engine's.
+The app is a 4-node LangGraph graph (planner -> executor -> expresser -> reviewer, each node one
+streamed chat call with openai.AsyncOpenAI, as kvscope's own apps make it); `--workflows` of
+them run at once on one event loop, each invoking its graph again and again (thread `load-<i>`,
+one turn per invocation) until the time is up. Calls are counted where they are made.
+
+1. Latency, one workflow at a time: per-call latency p50 / p99 of the bare client, the same
+   intercepted (kvscope's Interceptor writing rows, payloads and prompt ids to a run directory's
+   streams, as a capture session does) and intercepted with Level-3 tokenization (the chat
+   template and tokenizer of the embedded model render each prompt's token ids), in alternating
+   blocks so that drift hits all alike; the difference to bare is what the probe adds per call.
+2. Load without kvscope (`--bare-seconds`): requests/s and per-call latency of the bare client.
+3. Load with `kvscope.profile(attach=...)` for `--seconds`: requests/s, per-call latency, rows
+   in the finalized request table vs calls sent, MLflow traces written (the run's own audit) vs
+   graph invocations, how long finalize + publish took, and the profiled process's RSS sampled
+   every 2 s: peak, and its slope over the second half of the load (flat = no growth per call).
+
+An attached engine's model folder is unknown to kvscope, so no tokenizer would be used: with
+`--tokenize` (default) the session is handed the embedded model's, as a launched vLLM's would
+be. The recorded reply's prompt_tokens (592) differs from the rendered prompt's, so rows are
+flagged prompt_token_mismatch; the tokenization cost is paid all the same.
+"""
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import httpx2
+import openai
+import psutil
+from langgraph.graph import END, START, StateGraph
+from rich.console import Console
+from rich.table import Table
+
+import kvscope
+from kvscope import capture
+from kvscope.config import EngineConfig
+from kvscope.engines.attach import AttachEngine
+from kvscope.paths import cache_dir
+from kvscope.probe.intercept import Interceptor
+from kvscope.probe.streams import CallStreams
+from kvscope.probe.tokens import ChatTokenizer
+from kvscope.probe.wire import RunInfo
+from kvscope.workload.chat import stream_chat
+
+HERE = Path(__file__).resolve().parent
+AGENTS = ("planner", "executor", "expresser", "reviewer")
+SYSTEM = {a: f"You are the {a} of a finance desk. " + "Keep the books. " * 40 for a in AGENTS}
+MAX_TOKENS = 8
+MIB = 2**20
+console = Console(width=120)
+
+
+@dataclass
+class Tally:
+    """What the app did, counted at the call site."""
+
+    sent: int = 0
+    failed: int = 0
+    invocations: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+
+
+class State(TypedDict):
+    notes: list[str]
+
+
+def graph(client: openai.AsyncOpenAI, model: str, tally: Tally) -> Any:
+    """The app: four nodes, each one streamed chat call."""
+
+    def node(agent: str) -> Callable[[State], Awaitable[State]]:
+        async def call(state: State) -> State:
+            task = "What was the 2023 revenue growth? " + " ".join(state["notes"])
+            messages = [{"role": "system", "content": SYSTEM[agent]},
+                        {"role": "user", "content": task}]  # fmt: skip
+            tally.sent += 1
+            t0 = time.perf_counter()
+            reply = await stream_chat(client, model, messages, MAX_TOKENS)
+            tally.latency_ms.append((time.perf_counter() - t0) * 1e3)
+            tally.failed += reply.content is None
+            return {"notes": [*state["notes"], (reply.content or "")[:40]]}
+
+        return call
+
+    g = StateGraph(State)
+    for agent in AGENTS:
+        g.add_node(agent, node(agent))
+    for a, b in zip((START, *AGENTS), (*AGENTS, END), strict=True):
+        g.add_edge(a, b)
+    return g.compile()
+
+
+def client_for(base_url: str, workflows: int) -> openai.AsyncOpenAI:
+    limits = httpx2.Limits(max_connections=workflows + 16, max_keepalive_connections=workflows + 16)
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key="x", max_retries=0,
+        http_client=openai.DefaultAsyncHttpx2Client(limits=limits),
+    )  # fmt: skip
+
+
+async def drive(base_url: str, model: str, workflows: int, seconds: float, label: str) -> Tally:
+    """`workflows` graphs at once, each invoked again and again until `seconds` are up."""
+    tally, client = Tally(), client_for(base_url, workflows)
+    app = graph(client, model, tally)
+    deadline = time.monotonic() + seconds
+
+    async def worker(i: int) -> None:
+        while time.monotonic() < deadline:
+            await app.ainvoke({"notes": []}, {"configurable": {"thread_id": f"load-{i}"}})
+            tally.invocations += 1
+
+    async def progress() -> None:
+        start, last = time.monotonic(), 0
+        while True:
+            await asyncio.sleep(30)
+            rss = psutil.Process().memory_info().rss / MIB
+            console.print(f"  {label}: {time.monotonic() - start:4.0f} s, {tally.sent} calls "
+                          f"({(tally.sent - last) / 30:.0f}/s), RSS {rss:.0f} MiB")  # fmt: skip
+            last = tally.sent
+
+    ticker = asyncio.create_task(progress())
+    await asyncio.gather(*(worker(i) for i in range(workflows)))
+    ticker.cancel()
+    await client.close()
+    return tally
+
+
+class RssSampler:
+    """This process's RSS every `every_s` seconds, from a thread (the event loop is saturated)."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s, self.samples = every_s, [(time.monotonic(), self.rss())]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss() -> float:
+        return psutil.Process().memory_info().rss / MIB
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append((time.monotonic(), self.rss()))
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.monotonic(), self.rss()))
+
+    def between(self, t0: float, t1: float) -> list[tuple[float, float]]:
+        return [(t, m) for t, m in self.samples if t0 <= t <= t1]
+
+
+def slope_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares MiB per minute of the samples' second half."""
+    half = samples[len(samples) // 2 :]
+    if len(half) < 2:
+        return float("nan")
+    return statistics.linear_regression([t for t, _ in half], [m for _, m in half]).slope * 60
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def latency_phase(base_url: str, model: str, calls: int, chat: ChatTokenizer | None) -> dict:
+    """Per-call latency of one workflow at a time: bare, intercepted, intercepted + tokenizer."""
+    engine = AttachEngine(EngineConfig(kind="attach", url=base_url.removesuffix("/v1")))
+    info = RunInfo("bench", "bench", "h", "load", None, model, None)
+    out: dict[str, list[float]] = {"bare": [], "kvscope": [], "kvscope + tokenize": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        streams = CallStreams(Path(tmp), tokens=True, payloads=True)
+        contexts = {"kvscope": streams.context(info, None, False)}
+        if chat is not None:
+            contexts["kvscope + tokenize"] = streams.context(info, chat, False)
+
+        async def block(case: str, n: int) -> None:
+            tally = Tally()
+            client = client_for(base_url, 1)
+            app = graph(client, model, tally)
+            while tally.sent < n:
+                await app.ainvoke({"notes": []}, {"configurable": {"thread_id": "lat"}})
+            await client.close()
+            out[case] += tally.latency_ms[4:]  # the first invocation warms the connection
+
+        per_block = max(calls // 10, 8)
+        for _ in range(10):
+            asyncio.run(block("bare", per_block))
+            for case, ctx in contexts.items():
+                with Interceptor(engine, base_url, ctx, on_tool=streams.tool):
+                    asyncio.run(block(case, per_block))
+        streams.close()
+    return {k: v for k, v in out.items() if v}
+
+
+def start_engine(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, str(HERE / "standin_engine.py"), "--port", str(port)],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        raise SystemExit("the stand-in engine did not start")
+    return proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workflows", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--bare-seconds", type=float, default=60)
+    parser.add_argument("--latency-calls", type=int, default=400)
+    parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--runs-dir", help="keep the profiled run here (default: a temporary one)")
+    args = parser.parse_args()
+    model_dir = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    chat = ChatTokenizer.from_model_dir(model_dir) if model_dir.is_dir() else None
+    if chat is None:
+        console.print(f"no tokenizer at {model_dir}: no tokenization measured")
+    url = f"http://127.0.0.1:{args.port}"
+    engine = start_engine(args.port)
+    try:
+        console.print(f"latency: {args.latency_calls} calls per case, one workflow at a time")
+        latency = latency_phase(url + "/v1", "smollm2", args.latency_calls, chat)
+        console.print(f"bare load: {args.workflows} workflows for {args.bare_seconds:.0f} s")
+        t0 = time.monotonic()
+        bare = asyncio.run(drive(url + "/v1", "smollm2", args.workflows, args.bare_seconds, "bare"))
+        bare_s = time.monotonic() - t0
+        profiled(args, url, chat if args.tokenize else None, latency, bare, bare_s)
+    finally:
+        engine.terminate()
+        engine.wait()
+
+
+def profiled(args: argparse.Namespace, url: str, chat: ChatTokenizer | None,
+             latency: dict[str, list[float]], bare: Tally, bare_s: float) -> None:  # fmt: skip
+    tokens = "with" if chat else "without"
+    console.print(f"kvscope load: {args.workflows} workflows for {args.seconds:.0f} s, "
+                  f"{tokens} tokenization")  # fmt: skip
+    capture._chat_tokenizer = lambda _engine: chat  # an attached engine's folder is unknown
+    began = time.monotonic()
+
+    def stage(text: str) -> None:
+        console.print(f"  {time.monotonic() - began:5.0f} s  kvscope: {text}")
+
+    with tempfile.TemporaryDirectory() as tmp, RssSampler() as rss:
+        runs_dir = args.runs_dir or tmp
+        with kvscope.profile(name="load", attach=url, runs_dir=runs_dir, traces=True,
+                             on_stage=stage) as run:  # fmt: skip
+            t0 = time.monotonic()
+            work = drive(run.base_url, run.model, args.workflows, args.seconds, "kvscope")
+            tally = asyncio.run(work)
+            t1 = time.monotonic()
+            load = rss.between(t0, t1)
+            console.print(f"  load done: {tally.sent / (t1 - t0):.0f} requests/s, RSS peak "
+                          f"{max(m for _, m in load):.0f} MiB, slope "
+                          f"{slope_per_min(load):+.2f} MiB/min")  # fmt: skip
+        t2 = time.monotonic()
+        rows = run.requests().select(["status", "workflow_run_id", "agent_id"]).to_pylist()
+        outcome = run.outcome
+    assert outcome is not None
+    print_latency(latency)
+    per_invocation = Counter(r["workflow_run_id"] for r in rows)
+    audit = outcome.audit
+    traces = f"{audit.written} / {audit.expected}" if audit else str(outcome.mlflow_error)
+    rps_b, rps_k = bare.sent / bare_s, tally.sent / (t1 - t0)
+    lines = [
+        ("seconds", f"{bare_s:.0f}", f"{t1 - t0:.0f}"),
+        ("requests/s sustained", f"{rps_b:.0f}", f"{rps_k:.0f}"),
+        ("ms of the loop per call (1 / rate)", f"{1e3 / rps_b:.2f}", f"{1e3 / rps_k:.2f}"),
+        *((f"call latency p{q * 100:.0f} (ms)", f"{pct(bare.latency_ms, q):.1f}",
+           f"{pct(tally.latency_ms, q):.1f}") for q in (0.5, 0.99)),
+        ("calls sent / failed", f"{bare.sent} / {bare.failed}", f"{tally.sent} / {tally.failed}"),
+        ("rows written / ok", "", f"{len(rows)} / {sum(r['status'] == 'ok' for r in rows)}"),
+        ("rows lost (sent - written)", "", f"{tally.sent - len(rows)}"),
+        ("rows named by agent", "", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
+        ("graph invocations", f"{bare.invocations}", f"{tally.invocations}"),
+        ("invocations with their 4 rows", "", f"{sum(n == 4 for n in per_invocation.values())}"),
+        ("traces written / expected (audit)", "", traces),
+        ("finalize + publish (s)", "", f"{t2 - t1:.0f}"),
+        ("RSS at start of load (MiB)", "", f"{load[0][1]:.0f}"),
+        ("RSS peak during load (MiB)", "", f"{max(m for _, m in load):.0f}"),
+        ("RSS slope, 2nd half of load (MiB/min)", "", f"{slope_per_min(load):+.2f}"),
+        ("RSS peak incl. finalize + publish (MiB)", "", f"{max(m for _, m in rss.samples):.0f}"),
+    ]  # fmt: skip
+    res = Table(title=f"{args.workflows} workflows at once, stand-in engine")
+    res.add_column("", no_wrap=True)
+    for col in ("bare client", f"kvscope ({tokens} tokenization)"):
+        res.add_column(col, justify="right")
+    for line in lines:
+        res.add_row(*line)
+    console.print(res)
+
+
+def print_latency(latency: dict[str, list[float]]) -> None:
+    table = Table(title="per-call latency, one workflow at a time (ms)")
+    for col in ("case", "calls", "p50", "p99", "added p50", "added p99"):
+        table.add_column(col, justify="right")
+    base50, base99 = pct(latency["bare"], 0.5), pct(latency["bare"], 0.99)
+    for case, values in latency.items():
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        table.add_row(case, str(len(values)), f"{p50:.2f}", f"{p99:.2f}",
+                      f"{p50 - base50:+.2f}", f"{p99 - base99:+.2f}")  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
