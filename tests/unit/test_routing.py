@@ -1,4 +1,6 @@
-"""Routing analyses on a hand-made two-replica run with known answers.
+"""Routing misses (finalize.routing) and analyses (analysis.routing) on a two-replica run.
+
+Hand-made, with known answers.
 
 Block size 4. S is an 8-token shared prefix (2 blocks); a planner prompt is S + p + 2 tokens
 (14), an executor prompt S + e + 1 token (13).
@@ -17,6 +19,7 @@ Block size 4. S is an 8-token shared prefix (2 blocks); a planner prompt is S + 
 import pytest
 
 from kvscope.analysis import routing
+from kvscope.finalize import routing as misses_of
 from kvscope.finalize.provenance import build_ledger
 from kvscope.records.kv_events import KvBatch, KvEvent
 
@@ -66,7 +69,12 @@ LEDGERS = {"r0": build_ledger(R0), "r1": build_ledger(R1)}
 
 @pytest.fixture(scope="module")
 def misses() -> dict:
-    return routing.routing_misses(ROWS, TOKENS, LEDGERS)
+    return misses_of.routing_misses(ROWS, TOKENS, LEDGERS)
+
+
+@pytest.fixture(scope="module")
+def filled() -> list[dict]:
+    return misses_of.routing_columns(ROWS, TOKENS, LEDGERS)
 
 
 def test_routing_miss_per_call(misses) -> None:
@@ -83,20 +91,26 @@ def test_routing_miss_per_call(misses) -> None:
 
 
 def test_routing_miss_needs_two_replicas_and_one_block_size() -> None:
-    one = routing.routing_misses(ROWS, TOKENS, {"r0": LEDGERS["r0"]})
+    one = misses_of.routing_misses(ROWS, TOKENS, {"r0": LEDGERS["r0"]})
     assert set(one.values()) == {None}
     other = [(KvBatch(seq=0, ts_ns=10), KvEvent("stored", (7,), None, tuple(S), 8, "GPU", "A"))]
     with pytest.raises(ValueError, match="block sizes"):
-        routing.routing_misses(ROWS, TOKENS, {"r0": LEDGERS["r0"], "r1": build_ledger(other)})
+        misses_of.routing_misses(ROWS, TOKENS, {"r0": LEDGERS["r0"], "r1": build_ledger(other)})
 
 
 def test_routing_miss_of_a_call_without_tokens_is_null() -> None:
-    got = routing.routing_misses(ROWS, {k: v for k, v in TOKENS.items() if k != "B"}, LEDGERS)
+    got = misses_of.routing_misses(ROWS, {k: v for k, v in TOKENS.items() if k != "B"}, LEDGERS)
     assert got["B"] is None and got["C"] is not None and got["C"].tokens == 4
 
 
-def test_routing_by_agent(misses) -> None:
-    rows = {s.group: s for s in routing.routing_by_agent(ROWS, misses)}
+def test_routing_columns(filled) -> None:
+    got = {r["request_uuid"]: (r["routing_miss_tokens"], r["routing_miss_replica"]) for r in filled}
+    assert got["B"] == (8, "r0") and got["F"] == (None, None)
+    assert [r["request_uuid"] for r in filled] == [r["request_uuid"] for r in ROWS]
+
+
+def test_routing_by_agent(filled) -> None:
+    rows = {s.group: s for s in routing.routing_by_agent(filled)}
     assert list(rows) == ["planner", "executor", "reviewer"]
     planner, executor, reviewer = rows["planner"], rows["executor"], rows["reviewer"]
     assert (planner.calls, planner.measured, planner.miss_calls) == (3, 3, 1)
@@ -110,8 +124,8 @@ def test_routing_by_agent(misses) -> None:
     assert reviewer.routing_miss_tokens is None and reviewer.routing_miss_share is None
 
 
-def test_routing_by_transition(misses) -> None:
-    rows = {s.group: s for s in routing.routing_by_transition(ROWS, misses)}
+def test_routing_by_transition(filled) -> None:
+    rows = {s.group: s for s in routing.routing_by_transition(filled)}
     assert list(rows) == [
         "start -> planner",
         "planner -> executor",

@@ -1,9 +1,7 @@
 """Several replicas behind a router: where each agent's calls went and what routing cost them.
 
-Pure functions over request rows (dicts with RequestRecord's keys, `replica` set: the name of
-the replica that served the call) and, for routing misses, one block ledger per replica
-(finalize.provenance.build_ledger over that replica's KV events only: a block stored on replica
-A is never a hit on replica B).
+Pure functions over request rows (dicts with RequestRecord's keys; `replica` names the replica
+that served the call, None when unknown; `routing_miss_tokens` as finalize.routing fills it).
 
 - `per_agent_replica`: per (agent, replica): calls, failed, measured calls, prompt and cached
   tokens, weighted hit ratio (agents.weighted_hit_ratio: sum cached / sum prompt over measured
@@ -13,34 +11,24 @@ A is never a hit on replica B).
   workflow run (an agent's prefix is usually per workflow, so a router that keeps each workflow's
   agent on one replica scores 1 there even when workflows are spread).
 - `replica_load`: per time bucket, replica and agent: calls started and their prompt tokens.
-- `routing_misses`: per call, the prompt tokens that were not cached on the call's replica but
-  were cached on another replica at the moment the call was scheduled (start_ns + queue_ms, as
-  provenance): with the best other replica R (the one holding the longest contiguous run of the
-  prompt's prefix blocks at that moment, the only part a prefix cache can serve), the blocks past
-  the call's reported cached tokens, within R's run, and not resident on the call's own replica.
-  This overlaps the uncached causes of provenance (an evicted or cold block on this replica may
-  be resident on another): it says what a perfect cache-aware router would have saved.
-  None for a call that was not measured (failed, no tokens, no replica, counts not reported) or
-  when fewer than two ledgers are given (one replica: there is no other replica to miss).
-- `routing_by_agent` / `routing_by_transition`: those per-call tokens summed per agent and per
-  handoff edge (previous_agent_id -> agent_id, "start" first), with the call counts.
+- `routing_by_agent` / `routing_by_transition`: routing-miss tokens (prompt tokens uncached on
+  the call's replica but cached on another at that moment, finalize.routing) summed per agent
+  and per handoff edge (previous_agent_id -> agent_id, "start" edges first), with call counts;
+  sums are over measured calls with a routing-miss value and None when there is none.
 """
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from kvscope.analysis.agents import agent_key, agent_order, weighted_hit_ratio
-from kvscope.finalize import blockhash, keylives
-from kvscope.finalize.blockhash import Tokens
-from kvscope.finalize.keylives import KeyLives
-from kvscope.finalize.provenance import BlockLife, Ledger
 from kvscope.records.requests import STATUS_OK, transition_label
 
 Row = dict[str, Any]
+MISS = "routing_miss_tokens"  # the per-call column finalize.routing fills
 
 
 def _measured(r: Row) -> bool:
@@ -169,77 +157,6 @@ def replica_load(rows: Sequence[Row], bucket_ns: int) -> list[Load]:
 
 
 @dataclass(frozen=True)
-class RoutingMiss:
-    request_uuid: str
-    tokens: int  # uncached here, cached on `cached_on` then
-    cached_on: str | None  # the best other replica; None when no other held a block
-
-
-def routing_misses(
-    rows: Sequence[Row], tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger]
-) -> dict[str, RoutingMiss | None]:
-    """request_uuid -> its routing miss (see the module docstring); None: not measured."""
-    out: dict[str, RoutingMiss | None] = {r["request_uuid"]: None for r in rows}
-    sizes = {x.block_size for x in ledgers.values() if x.block_size is not None}
-    if len(ledgers) < 2 or not sizes:
-        return out
-    if len(sizes) > 1:
-        raise ValueError(f"replicas with different block sizes {sorted(sizes)}: not comparable")
-    size = sizes.pop()
-    lives = {
-        rep: keylives.by_key((x.key, x) for x in led.lives if x.key is not None)
-        for rep, led in ledgers.items()
-    }
-    usable = [
-        r for r in rows
-        if _measured(r) and r.get("replica") in ledgers and r["request_uuid"] in tokens
-    ]  # fmt: skip
-    if not usable:
-        return out
-    keys, _, offsets = blockhash.prompt_blocks([tokens[r["request_uuid"]] for r in usable], size)
-    flat, bounds = keys.tolist(), offsets.tolist()
-    for j, r in enumerate(usable):
-        t = r["start_ns"] + int((r.get("queue_ms") or 0.0) * 1e6)
-        mine = flat[bounds[j] : bounds[j + 1]]
-        out[r["request_uuid"]] = _miss(r, mine, t, size, lives)
-    return out
-
-
-def _miss(
-    r: Row,
-    keys: list[int],
-    t: int,
-    size: int,
-    lives: Mapping[str, Mapping[int, KeyLives[BlockLife]]],
-) -> RoutingMiss:
-    own = lives[r["replica"]]
-    best, best_run = None, 0
-    for rep in sorted(lives):
-        if rep == r["replica"]:
-            continue
-        run = _resident_run(lives[rep], keys, t)
-        if run > best_run:
-            best, best_run = rep, run
-    hit_blocks = min(r["cached_tokens"] // size, len(keys))
-    missed = sum(1 for i in range(hit_blocks, best_run) if not _resident(own, keys[i], t))
-    uncached = max(r["prompt_tokens"] - r["cached_tokens"], 0)
-    return RoutingMiss(r["request_uuid"], min(missed * size, uncached), best)
-
-
-def _resident(by_key: Mapping[int, KeyLives[BlockLife]], key: int, t: int) -> bool:
-    found = by_key.get(key)
-    return found is not None and found.resident(t) is not None
-
-
-def _resident_run(by_key: Mapping[int, KeyLives[BlockLife]], keys: list[int], t: int) -> int:
-    """How many of the prompt's blocks, from the first, were resident at t without a gap."""
-    n = 0
-    while n < len(keys) and _resident(by_key, keys[n], t):
-        n += 1
-    return n
-
-
-@dataclass(frozen=True)
 class RoutingSum:
     group: str  # the agent id ("none" for calls without one), or a transition label
     calls: int
@@ -251,18 +168,14 @@ class RoutingSum:
     routing_miss_share: float | None  # routing_miss_tokens / prompt_tokens
 
 
-def routing_by_agent(
-    rows: Sequence[Row], misses: Mapping[str, RoutingMiss | None]
-) -> list[RoutingSum]:
+def routing_by_agent(rows: Sequence[Row]) -> list[RoutingSum]:
     """Per agent (agent_order) the routing-miss totals."""
     key = agent_key(agent_order(rows))
     agents = sorted({r.get("agent_id") for r in rows}, key=key)
-    return [_sum(a or "none", [r for r in rows if r.get("agent_id") == a], misses) for a in agents]
+    return [_sum(a or "none", [r for r in rows if r.get("agent_id") == a]) for a in agents]
 
 
-def routing_by_transition(
-    rows: Sequence[Row], misses: Mapping[str, RoutingMiss | None]
-) -> list[RoutingSum]:
+def routing_by_transition(rows: Sequence[Row]) -> list[RoutingSum]:
     """Per handoff edge `previous -> agent` (start edges first, then by the agents' order)."""
     key = agent_key(agent_order(rows))
     groups: dict[tuple[str | None, str | None], list[Row]] = defaultdict(list)
@@ -273,22 +186,22 @@ def routing_by_transition(
         return (edge[0] is not None, key(edge[0]), key(edge[1]))
 
     edges = sorted(groups, key=order)
-    return [_sum(transition_label(p, str(a)), groups[(p, a)], misses) for p, a in edges]
+    return [_sum(transition_label(p, str(a)), groups[(p, a)]) for p, a in edges]
 
 
-def _sum(group: str, rows: list[Row], misses: Mapping[str, RoutingMiss | None]) -> RoutingSum:
-    got = [(r, m) for r in rows if (m := misses.get(r["request_uuid"])) is not None]
+def _sum(group: str, rows: list[Row]) -> RoutingSum:
+    got = [(r, m) for r in rows if (m := r.get(MISS)) is not None and _measured(r)]
 
     def total(values: Iterable[int]) -> int | None:
         return sum(values) if got else None
 
     prompt = total(r["prompt_tokens"] for r, _ in got)
-    missed = total(m.tokens for _, m in got)
+    missed = total(m for _, m in got)
     return RoutingSum(
         group=group,
         calls=len(rows),
         measured=len(got),
-        miss_calls=sum(m.tokens > 0 for _, m in got),
+        miss_calls=sum(m > 0 for _, m in got),
         prompt_tokens=prompt,
         uncached_tokens=total(max(r["prompt_tokens"] - r["cached_tokens"], 0) for r, _ in got),
         routing_miss_tokens=missed,
