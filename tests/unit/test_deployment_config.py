@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.config import ExperimentConfig, config_hash, load_yaml, parse_experiment
+from kvscope.config import (
+    ExperimentConfig,
+    as_dict,
+    check_experiment,
+    config_hash,
+    load_yaml,
+    parse_experiment,
+)
 from kvscope.errors import ConfigError
 from kvscope.records.requests import COLUMNS
 
@@ -115,3 +122,27 @@ def test_kv_aware_needs_kv_events() -> None:
         parse_experiment(
             {"engine": {"kv_events": False}, "deployment": {"router": {"policy": "kv_aware"}}}
         )
+
+
+def test_recorded_config_of_a_single_engine_has_no_deployment_key() -> None:
+    assert "deployment" not in as_dict(ExperimentConfig())
+    with_one = parse_experiment({"deployment": {"replicas": 2}})
+    assert as_dict(with_one)["deployment"]["replicas"] == 2
+
+
+def test_run_refuses_a_deployment_until_the_capture_is_wired() -> None:
+    check_experiment(ExperimentConfig())  # a single engine: as before
+    with pytest.raises(ConfigError, match="not yet run"):
+        check_experiment(parse_experiment({"deployment": {"replicas": 2}}))
+
+
+def test_the_router_sweep_points_are_valid_deployments() -> None:
+    sweep = load_yaml(CONFIGS / "router.yaml")
+    policies = sweep["matrix"]["deployment.router.policy"]
+    assert policies == ["round_robin", "cache_aware", "kv_aware"]
+    for policy in policies:
+        base = sweep["base"]
+        data = base | {"deployment": base["deployment"] | {"router": {"policy": policy}}}
+        cfg = parse_experiment(data, "router.yaml")
+        assert cfg.deployment is not None and cfg.deployment.replicas == 2
+        assert cfg.deployment.router.policy == policy
