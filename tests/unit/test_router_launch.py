@@ -98,14 +98,16 @@ def test_replicas_get_their_own_ports_and_share_kv_events() -> None:
         "tcp://*:5567",
         "tcp://127.0.0.1:5568",
     )
+    assert argv.count("--enable-log-requests") == 1  # the replica's log names its requests
     replicas = deployment.router_replicas(d, engines)
     assert [(r.name, r.base_url) for r in replicas][2] == ("r2", "http://127.0.0.1:8020")
     assert deployment.block_size(second) == 128
 
 
 def test_a_single_engine_keeps_its_own_kv_events_socket() -> None:
-    ep = VllmEngine(EngineConfig()).endpoints()
-    assert ep.kv_events_subscriber_binds is True  # unchanged outside a deployment
+    engine = VllmEngine(EngineConfig())
+    assert engine.endpoints().kv_events_subscriber_binds is True  # unchanged outside a deployment
+    assert "--enable-log-requests" not in engine.launch().argv
 
 
 def test_attached_replicas_are_named_by_url() -> None:

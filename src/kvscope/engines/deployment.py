@@ -40,11 +40,12 @@ def replica_configs(deployment: DeploymentConfig, engine: EngineConfig) -> list[
 
 
 def replica_engines(deployment: DeploymentConfig, engine: EngineConfig) -> list[Engine]:
-    """The replicas' engines, named as deployment.replica_names(); vLLM ones share KV events."""
+    """The replicas' engines, named as deployment.replica_names(); vLLM ones share their KV
+    events and log each request they schedule (how kvscope learns the serving replica)."""
     engines = [make_engine(c) for c in replica_configs(deployment, engine)]
     for e in engines:
         if isinstance(e, VllmEngine):
-            e.shared_kv_events = True
+            e.shared_kv_events = e.log_requests = True
     return engines
 
 

@@ -21,6 +21,28 @@ in `deployment.router.executable`. Flags, from `vllm-router --help` (0.1.17):
 
 Health: GET /health on the router's port. Start and stop go through ServerProcess: its own
 process group, killed with kvscope (PR_SET_PDEATHSIG), SIGTERM then SIGKILL, so no orphan.
+
+Seen on a real run (bench/router_probe.py, 2026-11-24: two embedded vLLM CPU replicas with
+kv_capacity_tokens 4096, vllm-router 0.1.17 round_robin, 4 chat calls of 266 prompt tokens on a
+busy 2-core machine; both replicas healthy after 70.5 s, all 9 processes gone and the 8 ports
+free after the stop, 78 s in all):
+
+- What tells the serving replica. The reply does not: its headers are the replica's own plus
+  `x-request-id` echoed, its body the replica's (id `chatcmpl-<request_id>`, the same on every
+  replica). The router logs nothing per request at info level. The router forwards the body
+  unchanged (kvscope's `request_id` and `session_id` fields arrive) and the x-request-id
+  header, so the replicas say it: with `--enable-log-requests` each logs `Added request
+  chatcmpl-<request_id>-<8 hex>.` (finalize.replicas.from_logs: all 4 calls placed); the
+  BlockStored events carry session_id = the request_uuid, which places only the calls that
+  stored a block (2 of 4 here: the two fully cached calls stored none).
+- The router's /metrics (its --prometheus-port) counts per worker URL:
+  `vllm_router_policy_decisions_total{policy,worker}`, `vllm_router_processed_requests_total
+  {worker}`, `vllm_router_worker_health{worker}`, `vllm_router_cb_state{worker}`,
+  `vllm_router_requests_total{route}` (2 + 2 decisions for the 4 calls).
+- round_robin started with the second worker URL (its "Router ready" line lists them in another
+  order than --worker-urls): calls went r1, r0, r1, r0.
+- The second call (the other agent, same 128-token first block, on the other replica) computed
+  that block again: finalize.routing counted 128 routing-miss tokens, cached on r1.
 """
 
 import shutil

@@ -87,6 +87,10 @@ class VllmEngine(Engine):
     # so that more than one listens (kvscope and a kv_aware router: engines.deployment); False:
     # it connects to kvscope's subscriber, which binds (one listener).
     shared_kv_events: bool = False
+    # True: `--enable-log-requests`, one "Added request chatcmpl-<id>-<suffix>." line per request
+    # (at INFO: the id and sampling params, no prompt text): behind a router, the replica's log
+    # says which calls it served (finalize.replicas).
+    log_requests: bool = False
 
     @property
     def python(self) -> Path:
@@ -154,6 +158,8 @@ class VllmEngine(Engine):
                 "topic": "kv-events",
             }
             argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        if self.log_requests and "--enable-log-requests" not in c.extra_args:
+            argv.append("--enable-log-requests")
         argv += list(c.extra_args)
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB reserved; the block override sets the usable size
