@@ -101,6 +101,8 @@ def test_routing_miss_needs_two_replicas_and_one_block_size() -> None:
 def test_routing_miss_of_a_call_without_tokens_is_null() -> None:
     got = misses_of.routing_misses(ROWS, {k: v for k, v in TOKENS.items() if k != "B"}, LEDGERS)
     assert got["B"] is None and got["C"] is not None and got["C"].tokens == 4
+    short = misses_of.routing_misses(ROWS, TOKENS | {"B": TOKENS["B"][:-1]}, LEDGERS)
+    assert short["B"] is None  # not the engine's count: never used
 
 
 def test_routing_columns(filled) -> None:

@@ -9,8 +9,9 @@ R's run, that were not resident on X at t, in tokens (at most the call's uncache
 
 This overlaps the uncached causes of provenance (a block evicted or cold on X may be resident
 on R): it is what a router that knew every replica's cache would have saved the call.
-None for a call that was not measured (failed, counts not reported, no prompt tokens, no known
-replica) and for every call when fewer than two ledgers are given (no other replica to miss).
+None for a call that was not measured (failed, counts not reported, no prompt tokens or not as
+many as the engine counted, no known replica) and for every call when fewer than two ledgers
+are given (no other replica to miss).
 """
 
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,18 @@ def _measured(r: Row) -> bool:
         r.get("status") == STATUS_OK
         and r.get("cached_tokens") is not None
         and r.get("prompt_tokens") is not None
+    )
+
+
+def _usable(r: Row, tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger]) -> bool:
+    """Measured, on a replica with a ledger, with prompt ids that match the engine's count (as
+    provenance: a tokenization that differs from the engine's is never used)."""
+    ids = tokens.get(r["request_uuid"])
+    return (
+        _measured(r)
+        and r.get("replica") in ledgers
+        and ids is not None
+        and len(ids) == r["prompt_tokens"]
     )
 
 
@@ -57,10 +70,7 @@ def routing_misses(
         rep: keylives.by_key((x.key, x) for x in led.lives if x.key is not None)
         for rep, led in ledgers.items()
     }
-    usable = [
-        r for r in rows
-        if _measured(r) and r.get("replica") in ledgers and r["request_uuid"] in tokens
-    ]  # fmt: skip
+    usable = [r for r in rows if _usable(r, tokens, ledgers)]
     if not usable:
         return out
     keys, _, offsets = blockhash.prompt_blocks([tokens[r["request_uuid"]] for r in usable], size)
