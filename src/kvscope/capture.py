@@ -36,7 +36,7 @@ from mlflow.exceptions import MlflowException
 from kvscope import environment
 from kvscope.collect.kv_events import KvEventListener
 from kvscope.collect.scraper import MetricsScraper
-from kvscope.config import ExperimentConfig, config_hash
+from kvscope.config import ExperimentConfig, as_dict, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, auth, make_engine
 from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
@@ -78,9 +78,7 @@ class CaptureSession:
         runs_dir = cfg.runs_dir.resolve()
         runs_dir.mkdir(parents=True, exist_ok=True)
         self.run_id, self.run_dir = files.new_run(runs_dir, cfg.name)
-        (self.run_dir / files.CONFIG_YAML).write_text(
-            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        )
+        (self.run_dir / files.CONFIG_YAML).write_text(yaml.safe_dump(as_dict(cfg), sort_keys=False))
         self.engine: Engine = make_engine(cfg.engine)
         self.tracking: TrackingRun | None = None  # set once the MLflow run is open
         self.offline: str | None = None  # why there is no MLflow run (the run is kept locally)
@@ -289,7 +287,7 @@ class CaptureSession:
             "mlflow_params": params,  # what the MLflow run was (or `kvscope log` will be) given
             "benchmark_run_id": self.run_id,
             "configuration_hash": config_hash(self.cfg),
-            "config": self.cfg.model_dump(mode="json"),
+            "config": as_dict(self.cfg),
             "launch_command": launch,
             "cache_reset": cache_reset,
             "environment": env,

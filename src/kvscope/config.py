@@ -8,7 +8,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kvscope.config_deployment import DeploymentConfig, RouterConfig
 from kvscope.errors import ConfigError
+
+__all__ = ["DeploymentConfig", "RouterConfig"]  # also part of the configuration
 
 EngineKind = Literal["vllm", "sglang", "attach"]
 EvictionPolicy = Literal["lru", "lfu", "slru", "priority", "tlru"]
@@ -208,6 +211,15 @@ class ExperimentConfig(BaseModel):
     cold_start: bool = Field(
         True, description="Empty the engine's prefix cache before the workload (reused engines)."
     )
+    deployment: DeploymentConfig | None = Field(
+        None, description="Set: `deployment.replicas` copies of `engine` behind a router."
+    )
+
+    @model_validator(mode="after")
+    def _check_deployment(self) -> "ExperimentConfig":
+        if self.deployment is not None:
+            self.deployment.check_with(self.engine)
+        return self
 
 
 def parse_experiment(data: dict[str, Any], source: str = "config") -> ExperimentConfig:
@@ -259,9 +271,28 @@ def check_experiment(cfg: ExperimentConfig) -> None:
             )
     if e.kind == "attach" and w.mode == "synthetic":
         raise ConfigError("synthetic mode needs the model's tokenizer: not available on attach")
+    if cfg.deployment is not None:
+        raise ConfigError(
+            "deployment (replicas behind a router) is not yet run by `kvscope run` / `sweep` "
+            "(issue 17: engines.deployment starts it; the capture of several replicas is to come)"
+        )
+
+
+# Sections added after runs were recorded: left out while unset, so a configuration without
+# them keeps the hash and the recorded form (config.yaml, run.json) it always had.
+_OMIT_UNSET = ("deployment",)
+
+
+def as_dict(model: BaseModel) -> dict[str, Any]:
+    """The configuration as JSON-able data, the way runs record it (unset new sections left out)."""
+    data = model.model_dump(mode="json")
+    for name in _OMIT_UNSET:
+        if name in data and data[name] is None:
+            del data[name]
+    return data
 
 
 def config_hash(model: BaseModel) -> str:
     """Stable short hash of a configuration (field order independent)."""
-    text = json.dumps(model.model_dump(mode="json"), sort_keys=True)
+    text = json.dumps(as_dict(model), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -83,6 +83,14 @@ class VllmEngine(Engine):
         "prefill_seconds": LatencyHistogram("vllm:request_prefill_time_seconds"),
         "decode_seconds": LatencyHistogram("vllm:request_decode_time_seconds"),
     }
+    # True: the publisher binds its KV events socket on all interfaces and subscribers connect,
+    # so that more than one listens (kvscope and a kv_aware router: engines.deployment); False:
+    # it connects to kvscope's subscriber, which binds (one listener).
+    shared_kv_events: bool = False
+    # True: `--enable-log-requests`, one "Added request chatcmpl-<id>-<suffix>." line per request
+    # (at INFO: the id and sampling params, no prompt text): behind a router, the replica's log
+    # says which calls it served (finalize.replicas).
+    log_requests: bool = False
 
     @property
     def python(self) -> Path:
@@ -113,9 +121,9 @@ class VllmEngine(Engine):
             base_url=self.base_url,
             metrics_url=f"{self.base_url}/metrics",
             # vLLM's publisher binds only wildcard endpoints and connects to the rest: on a
-            # loopback address it connects, so kvscope's subscriber binds.
+            # loopback address it connects, so kvscope's subscriber binds (unless shared).
             kv_events=f"tcp://127.0.0.1:{port}" if self.config.kv_events else None,
-            kv_events_subscriber_binds=True,
+            kv_events_subscriber_binds=not self.shared_kv_events,
             kv_events_replay=f"tcp://127.0.0.1:{port + 1}" if self.config.kv_events else None,
         )
 
@@ -141,14 +149,17 @@ class VllmEngine(Engine):
             argv += ["--num-gpu-blocks-override", str(blocks)]
         ep = self.endpoints()
         if ep.kv_events:
+            publish = f"tcp://*:{c.kv_events_port}" if self.shared_kv_events else ep.kv_events
             events = {
                 "enable_kv_cache_events": True,
                 "publisher": "zmq",
-                "endpoint": ep.kv_events,
+                "endpoint": publish,
                 "replay_endpoint": ep.kv_events_replay,
                 "topic": "kv-events",
             }
             argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        if self.log_requests and "--enable-log-requests" not in c.extra_args:
+            argv.append("--enable-log-requests")
         argv += list(c.extra_args)
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB reserved; the block override sets the usable size

@@ -52,6 +52,9 @@ class RequestRecord:
     # request
     model_name: str
     sglang_response_id: str | None
+    # the replica that served the call behind a router (config deployment: r0, r1, ...); None
+    # with one engine (no deployment) and where the serving replica could not be told
+    replica: str | None = None
     prompt_tokens: int | None
     output_tokens: int | None  # generated tokens, a reasoning model's reasoning included
     reasoning_tokens: int | None = None  # of output_tokens, where the engine reports them

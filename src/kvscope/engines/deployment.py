@@ -1,0 +1,130 @@
+"""Several replicas of one engine behind a router (config `deployment`): start, check, stop.
+
+`start` launches the replicas one after another (each its own ports from the deployment's
+port_stride, its own log `replica-<name>.log`, health checked), then the router in front of them
+(`router.log`), and returns a RunningDeployment; attached replicas (engine.kind attach) and an
+attached router (router.url) are health checked instead of launched. Whatever fails, Ctrl-C
+included, everything already started is stopped before the error propagates; `stop` stops the
+router first, then every replica, each even when another's stop raised. Every process runs in
+its own process group and dies with kvscope (engines.process), so none is left behind.
+
+A launched vLLM replica publishes its KV events on a bound wildcard socket
+(VllmEngine.shared_kv_events), so kvscope's listener and a kv_aware router both subscribe.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvscope.config import DeploymentConfig, EngineConfig
+from kvscope.engines import make_engine, runtime
+from kvscope.engines import router as launcher
+from kvscope.engines.base import Engine
+from kvscope.engines.vllm import BLOCK_SIZE, VllmEngine
+
+
+def replica_configs(deployment: DeploymentConfig, engine: EngineConfig) -> list[EngineConfig]:
+    """One engine configuration per replica: its own ports (launched) or its URL (attached)."""
+    out = []
+    for i in range(deployment.replicas):
+        if engine.kind == "attach":
+            update: dict[str, object] = {"url": deployment.replica_urls[i]}
+            if deployment.kv_events_endpoints:
+                update["kv_events_endpoint"] = deployment.kv_events_endpoints[i]
+        else:
+            step = i * deployment.port_stride
+            update = {"port": engine.port + step, "kv_events_port": engine.kv_events_port + step}
+        out.append(EngineConfig.model_validate(engine.model_dump() | update))
+    return out
+
+
+def replica_engines(deployment: DeploymentConfig, engine: EngineConfig) -> list[Engine]:
+    """The replicas' engines, named as deployment.replica_names(); vLLM ones share their KV
+    events and log each request they schedule (how kvscope learns the serving replica)."""
+    engines = [make_engine(c) for c in replica_configs(deployment, engine)]
+    for e in engines:
+        if isinstance(e, VllmEngine):
+            e.shared_kv_events = e.log_requests = True
+    return engines
+
+
+def router_replicas(deployment: DeploymentConfig, engines: list[Engine]) -> list[launcher.Replica]:
+    out = []
+    for name, e in zip(deployment.replica_names(), engines, strict=True):
+        ep = e.endpoints()
+        out.append(launcher.Replica(name, ep.base_url, ep.kv_events, ep.kv_events_replay))
+    return out
+
+
+def block_size(engine: Engine) -> int | None:
+    """The block size a kv_aware router must hash with: the engine's, where kvscope knows it."""
+    if isinstance(engine, VllmEngine):
+        return engine.block_size
+    return engine.config.page_size or (BLOCK_SIZE if engine.config.kind == "vllm" else None)
+
+
+@dataclass
+class RunningDeployment:
+    deployment: DeploymentConfig
+    replicas: dict[str, runtime.RunningEngine] = field(default_factory=dict)  # name -> replica
+    router: launcher.RunningRouter | None = None
+
+    def launch_commands(self) -> dict[str, str | None]:
+        """name (r0, r1, ..., router) -> its launch command, secrets redacted; None: attached."""
+        out = {n: h.launch.shell() if h.launch else None for n, h in self.replicas.items()}
+        if self.router is not None:
+            out["router"] = self.router.launch.shell() if self.router.launch else None
+        return out
+
+    def stop(self) -> None:
+        """The router, then every replica; each is stopped even if an earlier stop raised."""
+        errors: list[BaseException] = []
+        if self.router is not None:
+            _collect(self.router.stop, errors)
+        for handle in self.replicas.values():
+            _collect(handle.stop, errors)
+        if errors:
+            raise errors[0]
+
+
+def _collect(stop: Callable[[], None], errors: list[BaseException]) -> None:
+    try:
+        stop()
+    except Exception as err:  # the others must still be stopped
+        errors.append(err)
+
+
+def start(deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path) -> RunningDeployment:
+    """Every replica healthy, then the router healthy; on failure all of it stopped."""
+    engines = replica_engines(deployment, engine)
+    running = RunningDeployment(deployment)
+    try:
+        for name, e in zip(deployment.replica_names(), engines, strict=True):
+            running.replicas[name] = runtime.start(e, log_dir / f"replica-{name}.log")
+        r = deployment.router
+        command = None
+        if not r.url:
+            model = engines[0].served_name if isinstance(engines[0], VllmEngine) else None
+            command = launcher.launch(
+                r, router_replicas(deployment, engines), block_size=block_size(engines[0]),
+                model=model,
+            )  # fmt: skip
+        running.router = launcher.start(r, command, log_dir / "router.log")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            running.stop()
+        raise
+    return running
+
+
+@contextlib.contextmanager
+def running(
+    deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path
+) -> Iterator[RunningDeployment]:
+    """A healthy deployment for the duration of the block; all of it stopped after."""
+    handle = start(deployment, engine, log_dir)
+    try:
+        yield handle
+    finally:
+        handle.stop()

@@ -1,0 +1,122 @@
+"""Two real embedded vLLM replicas behind the real vllm-router (issue 17).
+
+Each test starts its own deployment (engines.deployment: two replicas, then the router), sends
+four calls through the router, two agents alternating, whose prompts share their first 128-token
+block, and checks where they went and what the routing cost, then that every process is gone.
+The router program: $KVSCOPE_TEST_ROUTER, else engines.router.executable (pip install
+'kvscope[router]'); skipped without it. About a minute per policy on 2 CPU cores.
+"""
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from helpers import free_port
+
+from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig
+from kvscope.engines import deployment, kv_events, router
+from kvscope.engines.process import port_free
+from kvscope.engines.vllm import VllmEngine
+from kvscope.errors import EngineNotInstalled
+from kvscope.finalize import replicas
+from kvscope.finalize.provenance import build_ledger
+from kvscope.finalize.routing import routing_columns
+
+pytestmark = pytest.mark.engine
+SYSTEM = "You are a careful analyst. " * 40  # 266-token prompts: two 128-token blocks
+
+
+def program() -> str:
+    if os.environ.get("KVSCOPE_TEST_ROUTER"):
+        return os.environ["KVSCOPE_TEST_ROUTER"]
+    try:
+        return router.executable(RouterConfig())
+    except EngineNotInstalled:
+        pytest.skip("vllm-router is not installed (pip install 'kvscope[router]')")
+
+
+def call(base: str, engine: VllmEngine, rid: str, agent: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "smollm2", "max_tokens": 4, "temperature": 0,
+        "request_id": rid, "session_id": rid,
+        "messages": [{"role": "system", "content": SYSTEM},
+                     {"role": "user", "content": f"Agent {agent}: sum 2 and 3."}],
+    }  # fmt: skip
+    body |= engine.prompt_ids_fields(body)
+    start = time.time_ns()
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", json=body, headers={"x-request-id": rid}, timeout=300
+    )
+    reply.raise_for_status()
+    data = reply.json()
+    usage = data["usage"]
+    return {
+        "request_uuid": rid, "agent_id": f"agent{agent}", "previous_agent_id": None,
+        "workflow_run_id": "w", "status": "ok", "start_ns": start, "end_ns": time.time_ns(),
+        "queue_ms": None, "prompt_tokens": usage["prompt_tokens"],
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        "ids": VllmEngine.reply_prompt_ids(data),
+    }  # fmt: skip
+
+
+def run(policy: str, log_dir: Path) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+    """The calls' rows with replica and routing columns, the deployment's pids and ports."""
+    base_port = free_port(20)  # one free range for all eight ports
+    port, kv = base_port, base_port + 10
+    engine = EngineConfig(
+        port=port, kv_events_port=kv, kv_capacity_tokens=4096, startup_timeout_s=400
+    )
+    r = RouterConfig(
+        policy=policy, port=base_port + 18, metrics_port=base_port + 19, executable=program()
+    )
+    dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
+    ports = [port, port + 5, kv, kv + 1, kv + 5, kv + 6, r.port, r.metrics_port]
+    with deployment.running(dep, engine, log_dir) as running:
+        procs = [h.process for h in running.replicas.values()]
+        procs.append(running.router.process if running.router else None)
+        pids = [pid for p in procs if p for pid in (p.pid, *p.descendants())]
+        base = running.router.base_url if running.router else ""
+        vllm = VllmEngine(engine)
+        rows = [call(base, vllm, str(uuid.uuid4()), i % 2) for i in range(4)]
+        ledgers = {}
+        for name, h in running.replicas.items():
+            batches = kv_events.replay(h.endpoints.kv_events_replay or "", 0)
+            ledgers[name] = build_ledger((b, e) for b in batches for e in b.events)
+    logs = {n: (log_dir / f"replica-{n}.log").read_text(errors="replace") for n in ledgers}
+    placed = replicas.from_logs(logs, [x["request_uuid"] for x in rows])
+    for x in rows:
+        x["replica"] = placed[x["request_uuid"]]
+    tokens = {x["request_uuid"]: x["ids"] for x in rows}
+    return routing_columns(rows, tokens, ledgers), pids, ports
+
+
+def assert_nothing_left(pids: list[int], ports: list[int]) -> None:
+    assert len(pids) >= 3  # two replicas (with their engine cores) and the router
+    assert [p for p in pids if psutil.pid_exists(p)] == []
+    assert [p for p in ports if not port_free("127.0.0.1", p)] == []
+
+
+def test_round_robin_splits_the_agents_and_misses_their_shared_block(tmp_path: Path) -> None:
+    rows, pids, ports = run("round_robin", tmp_path)
+    assert all(x["replica"] is not None for x in rows)  # every call placed by the replica logs
+    assert rows[0]["replica"] != rows[1]["replica"]  # round robin alternates
+    assert [x["replica"] for x in rows[:2]] == [x["replica"] for x in rows[2:]]
+    # the second agent's first call recomputed the block the first agent's call left elsewhere
+    assert rows[1]["cached_tokens"] == 0
+    assert rows[1]["routing_miss_tokens"] == 128
+    assert rows[1]["routing_miss_replica"] == rows[0]["replica"]
+    assert [x["routing_miss_tokens"] for x in rows[2:]] == [0, 0]  # each back on its replica
+    assert_nothing_left(pids, ports)
+
+
+def test_kv_aware_keeps_the_shared_block(tmp_path: Path) -> None:
+    rows, pids, ports = run("kv_aware", tmp_path)
+    assert len({x["replica"] for x in rows}) == 1  # the replica holding the prefix, every time
+    assert rows[1]["cached_tokens"] == 128  # the shared block, served
+    assert [x["routing_miss_tokens"] for x in rows] == [0, 0, 0, 0]
+    assert_nothing_left(pids, ports)
