@@ -106,7 +106,8 @@ def test_log_uploads_a_run_once(run_dir: Path) -> None:
 
 def test_log_replaces_an_upload_that_was_cut_off(run_dir: Path) -> None:
     client = MlflowClient(local_store_uri(run_dir.parent))
-    exp = client.create_experiment("fixture")
+    # an explicit artifact root: the default is ./mlruns of the cwd
+    exp = client.create_experiment("fixture", (run_dir.parent / "mlartifacts").as_uri())
     cut = client.create_run(exp, tags={"benchmark_run_id": RUN}).info.run_id  # no logged tag
     done = upload(run_dir)
     assert done.replaced == 1 and done.run_id != cut
