@@ -168,3 +168,18 @@ def test_blocks_of_another_size_or_partial_never_match_prompts() -> None:
     first, partial, child = ledger.lives
     assert first.key is not None and first.key >= 0 and (partial.tokens, child.tokens) == (3, 4)
     assert partial.key == child.key == -1 and ledger.orphan_blocks == 0
+
+
+def test_an_unknown_queue_time_is_counted_not_taken_as_zero() -> None:
+    """Provenance looks blocks up at the request's scheduling time: send time + queue time. An
+    unknown queue time leaves the send time and is counted; a known one moves the lookup."""
+    prov = provenance(ROWS, TOKENS, build_ledger(EVENTS))
+    assert prov.queue_unknown == len(ROWS)
+    c = next(r for r in prov.rows if r["request_uuid"] == "C")
+    assert c["cached_self_tokens"] == 8 and c["cached_unattributed_tokens"] == 0
+    # C queued 45 ns on the engine: scheduled at 75, after the cache was cleared at 70
+    late = [r | {"queue_ms": 45e-6} if r["request_uuid"] == "C" else r for r in ROWS]
+    prov = provenance(late, TOKENS, build_ledger(EVENTS))
+    assert prov.queue_unknown == len(ROWS) - 1
+    c = next(r for r in prov.rows if r["request_uuid"] == "C")
+    assert c["cached_self_tokens"] == 0 and c["cached_unattributed_tokens"] == 8

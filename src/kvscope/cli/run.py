@@ -215,6 +215,9 @@ def _print_kv(outcome: "RunOutcome") -> None:
                   f" ({kv.recovered_batches} recovered from the replay socket)")  # fmt: skip
     for reason, n in kv.skipped.items():
         console.print(f"  provenance not computed for {n} request(s): {reason}")
+    if kv.queue_unknown:
+        console.print(f"  {kv.queue_unknown} request(s) without a queue time from the engine: "
+                      "provenance placed them at their send time")  # fmt: skip
 
 
 def _n(value: float | None) -> str:

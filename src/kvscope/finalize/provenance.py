@@ -148,6 +148,7 @@ class Provenance:
     rows: list[Row]  # the request rows with the provenance columns filled
     table: pa.Table  # the block table (records.blocks.BLOCKS_SCHEMA), one row per block life
     skipped: dict[str, int]  # requests left null, by reason
+    queue_unknown: int = 0  # requests classified at their send time: no queue time reported
 
     @property
     def blocks(self) -> list[Row]:
@@ -214,10 +215,11 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
     layout = _layout_blocks(prompts, size, asks, asker, len(done))
     del prompts, asks, asker
     out = {r["request_uuid"]: r | _columns(r, c, layout[n] * size) for n, (r, c) in enumerate(done)}
-    del done, layout
+    del layout
     result = [out.get(r["request_uuid"], r) for r in rows]
-    del out
-    return Provenance(result, block_table(ledger.lives, by_uuid), dict(skipped))
+    unknown = sum(r.get("queue_ms") is None for r, _ in done)
+    del out, done
+    return Provenance(result, block_table(ledger.lives, by_uuid), dict(skipped), unknown)
 
 
 def _layout_blocks(
@@ -245,9 +247,15 @@ def _unusable(r: Row, ids: Tokens | None) -> str | None:
     return None
 
 
-def _admitted(r: Row) -> int:
-    """When the engine scheduled the request: after its server-side queue time, if known."""
-    return r["start_ns"] + int((r.get("queue_ms") or 0.0) * 1e6)
+def admitted_ns(r: Row) -> int:
+    """When the engine scheduled the request: its send time plus its server-side queue time.
+
+    An unknown queue time (the engine did not report it) leaves the send time: the earliest the
+    request can have been scheduled. Provenance counts such requests (`Provenance.queue_unknown`,
+    finalize.json's kv.queue_unknown) rather than calling their queue time 0.
+    """
+    queue = r.get("queue_ms")
+    return r["start_ns"] if queue is None else r["start_ns"] + int(queue * 1e6)
 
 
 def _classify(
@@ -262,7 +270,7 @@ def _classify(
     """The cached split and evicted tokens, and the blocks left for the layout check (flat)."""
     cached = r["cached_tokens"]
     keys = prompts.keys[lo:hi].tolist()
-    t = _admitted(r)
+    t = admitted_ns(r)
     counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
     hit_blocks = min(cached // size, len(keys))
     for i in range(hit_blocks):

@@ -2,7 +2,7 @@
 
 One block ledger per replica (finalize.provenance.build_ledger over that replica's KV events
 only: a block stored on replica A is never a hit on replica B). For a call served by replica X
-and scheduled at t (start_ns + queue_ms, as provenance), the best other replica R is the one
+and scheduled at t (provenance.admitted_ns), the best other replica R is the one
 holding the longest contiguous run of the prompt's prefix blocks at t (a prefix cache serves
 only such a run); the routing miss is the blocks past the call's reported cached tokens, within
 R's run, that were not resident on X at t, in tokens (at most the call's uncached tokens).
@@ -21,7 +21,7 @@ from typing import Any
 from kvscope.finalize import blockhash, keylives
 from kvscope.finalize.blockhash import Tokens
 from kvscope.finalize.keylives import KeyLives
-from kvscope.finalize.provenance import BlockLife, Ledger
+from kvscope.finalize.provenance import BlockLife, Ledger, admitted_ns
 from kvscope.records.requests import STATUS_OK
 
 Row = dict[str, Any]
@@ -76,7 +76,7 @@ def routing_misses(
     keys, _, offsets = blockhash.prompt_blocks([tokens[r["request_uuid"]] for r in usable], size)
     flat, bounds = keys.tolist(), offsets.tolist()
     for j, r in enumerate(usable):
-        t = r["start_ns"] + int((r.get("queue_ms") or 0.0) * 1e6)
+        t = admitted_ns(r)
         mine = flat[bounds[j] : bounds[j + 1]]
         out[r["request_uuid"]] = _miss(r, mine, t, size, lives)
     return out

@@ -53,7 +53,8 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
         report = KvReport(
             batches=len(batches), events=sum(len(b.events) for b in batches),
             missing_batches=missing, recovered_batches=recovered,
-            orphan_blocks=ledger.orphan_blocks, skipped=prov.skipped, listener=listener,
+            orphan_blocks=ledger.orphan_blocks, skipped=prov.skipped,
+            queue_unknown=prov.queue_unknown, listener=listener,
         )  # fmt: skip
     requests.write_table(run_dir, rows)
     context = sum(r.get("cache_used_tokens_before") is not None for r in rows)

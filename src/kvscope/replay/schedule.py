@@ -8,7 +8,8 @@ share goes to the other one).
 
 `scheduled_start(row)`: with the client's TTFT and the engine's own prefill time (scheduled ->
 first token, which vLLM's and SGLang's per-request metrics report), the first token's arrival
-minus the prefill; otherwise the submission clock plus the engine's queue time (null: 0).
+minus the prefill; otherwise the submission clock plus the engine's queue time
+(provenance.admitted_ns: an unknown queue time leaves the submission clock).
 
 Calls the engine admitted in one step share a scheduled time within the clocks' jitter, and
 neither their sending order nor their first tokens' order is the engine's (both were seen
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from kvscope.finalize.provenance import admitted_ns
 from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_EVENTS_PARQUET, events_of, read_batches
 
 SAME_STEP_S = 0.005  # below one engine step; above the jitter of first-token arrival times
@@ -45,7 +47,7 @@ def scheduled_start(row: dict[str, Any]) -> float:
     ttft, prefill = row.get("ttft_ms"), row.get("prefill_ms")
     if ttft is not None and prefill is not None and 0 <= prefill <= ttft:
         return start + (float(ttft) - float(prefill)) / 1e3
-    return start + float(row.get("queue_ms") or 0.0) / 1e3
+    return admitted_ns(row) / 1e9
 
 
 def first_stores(run_dir: Path) -> dict[str, StoreAt]:
