@@ -30,6 +30,8 @@ RUNS = sorted(p.name for p in RECORDED.iterdir() if p.is_dir() and p.name != "ex
 # Added after the recordings (summary.json key and report section): checked on their own below.
 ADDED = "predictability"
 STATUS = "status"  # summary.json's run status (issue 16): None for runs recorded before it
+# kv_events' count of requests placed at their send time (queue time unknown), added after them.
+QUEUE_UNKNOWN = "queue_unknown"
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +67,8 @@ def test_two_runs_are_recorded() -> None:
 def test_summary_json_is_the_recorded_one(analyses: dict[str, RunAnalysis], name: str) -> None:
     got, want = as_json(analyses[name].summary()), expected(f"{name}.summary.json")
     assert got.keys() - want.keys() == {ADDED, STATUS} and got[STATUS] is None
+    # Both recordings have every request's queue time (vLLM's request metrics).
+    assert got["kv_events"].pop(QUEUE_UNKNOWN) == 0
     for key in want:
         assert got[key] == want[key], key
 

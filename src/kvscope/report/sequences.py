@@ -125,7 +125,7 @@ def _boxes(ax: plt.Axes, reuse: Sequence[ReuseDistance], attr: str, order: Agent
         ax.set_xticks([])
         ax.set_yticks([])
     else:
-        parts = ax.boxplot([list(v) for _, v in data], vert=False, patch_artist=True)
+        parts = ax.boxplot([list(v) for _, v in data], orientation="horizontal", patch_artist=True)
         for box, (a, _) in zip(parts["boxes"], data, strict=True):
             box.set_facecolor(agent_color(a, order))
         ax.set_yticks(range(1, len(data) + 1), [a for a, _ in data], fontsize=8)
