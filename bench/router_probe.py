@@ -28,6 +28,7 @@ from kvscope.engines.vllm import VllmEngine
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
 from kvscope.finalize.routing import routing_columns
+from kvscope.records.run_dir import ENGINE_LOG, replica_dir
 
 
 def counters(url: str) -> dict[str, float]:
@@ -127,7 +128,9 @@ def main() -> None:
             stored_by[name] = sorted({e.session_id for _, e in pairs if e.session_id})
         report["kv_events_session_ids"] = stored_by
         ids = [r["request_uuid"] for r in rows]
-        logs = {n: (args.out / f"replica-{n}.log").read_text(errors="replace") for n in ledgers}
+        logs = {
+            n: (replica_dir(args.out, n) / ENGINE_LOG).read_text(errors="replace") for n in ledgers
+        }
         replica_of = replicas.from_logs(logs, ids)
         report["replica_from_logs"] = replica_of
         report["replica_from_kv_events"] = replicas.from_kv_events(stored_by, ids)

@@ -6,6 +6,10 @@ the request stream.
         ...drive the workload...            # /metrics sampler, KV event listener, MLflow run
     # closed: collectors stopped, streams flushed, metrics.parquet written, engine stopped
 
+The engine may be a deployment (config `deployment`: replicas behind a router, kvscope.target):
+then the calls go to the router and every replica gets its own collectors, streams under
+replicas/<name>/.
+
 What to do with the run directory afterwards is not the session's business: finalize, analyze
 and publish read only the directory. A failure while the session opens closes what was opened
 already; `measuring` says whether anything was (a run directory with streams to keep).
@@ -25,7 +29,7 @@ import json
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ from kvscope.config import ExperimentConfig, as_dict, config_hash
 from kvscope.engines import ENGINES, METRIC_FAMILIES, auth, make_engine
 from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
-from kvscope.engines.runtime import RunningEngine, reset_cache, running
+from kvscope.engines.runtime import RunningEngine, reset_cache
 from kvscope.engines.watch import EngineDeath, EngineWatch
 from kvscope.errors import EngineError, WriteError
 from kvscope.probe import child
@@ -52,8 +56,9 @@ from kvscope.probe.tracing import TrackingRun, local_store_uri, unreachable
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_SUMMARY
-from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET
+from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
 from kvscope.records.requests import RequestRecord
+from kvscope.target import Cache, Target, open_target, router_samples
 
 
 def _warn(message: str) -> None:
@@ -88,9 +93,11 @@ class CaptureSession:
         self._context: CallContext | None = None
         self.base_url: str | None = None  # the engine's OpenAI base URL (`.../v1`), once open
         self.model: str | None = None  # the served model name, once open
-        self._scraper: MetricsScraper | None = None
-        self._listener: KvEventListener | None = None
-        self._watch: EngineWatch | None = None
+        self._target: Target | None = None
+        self._scrapers: dict[str | None, MetricsScraper] = {}  # by cache (replica) name
+        self._listeners: dict[str | None, KvEventListener] = {}
+        self._watches: dict[str | None, EngineWatch] = {}  # each replica's, and "router"
+        self._router_start: list[dict[str, Any]] | None = None
         self._closed = False
 
     @property
@@ -101,12 +108,17 @@ class CaptureSession:
 
     @property
     def engine_death(self) -> EngineDeath | None:
-        """When and how the engine died during the session; None while it serves (or unknown)."""
-        return self._watch.death if self._watch is not None else None
+        """When and how the engine (a replica, the router) died during the session; None while
+        it serves (or unknown)."""
+        for name, watch in self._watches.items():
+            if watch.death is not None:
+                who = f"{name}: " if name else ""
+                return replace(watch.death, reason=who + watch.death.reason)
+        return None
 
     def engine_gone(self) -> bool:
-        """Whether the engine is known dead: a workload stops sending then."""
-        return self._watch is not None and self._watch.gone()
+        """Whether the engine (any replica, the router) is known dead: the workload stops."""
+        return any(w.gone() for w in self._watches.values())
 
     @property
     def write_error(self) -> WriteError | None:
@@ -154,8 +166,11 @@ class CaptureSession:
         uri = cfg.tracking.tracking_uri or local_store_uri(cfg.runs_dir)
         if problem := unreachable(uri):  # before the engine: in seconds, not minutes of retries
             self._go_offline(f"{problem}; the run is kept locally (kvscope log RUN uploads it)")
-        stage(f"starting {self.engine.name}")
-        handle = self._stack.enter_context(running(self.engine, run_dir / files.ENGINE_LOG))
+        dep = cfg.deployment
+        what = f"{dep.replicas} x {self.engine.name} + {dep.router.kind}" if dep else ""
+        stage(f"starting {what or self.engine.name}")
+        self._target = target = open_target(cfg, self.engine, run_dir, self._stack)
+        handle = target.first
         stage("detecting engine capabilities")
         keyed = auth.headers(cfg.engine.api_key_env)
         caps = detect(handle.endpoints, METRIC_FAMILIES, headers=keyed)
@@ -164,22 +179,29 @@ class CaptureSession:
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts
         )
         params = mlflow_params(cfg, caps.models[0], self.engine.version(), facts, env)
-        self._write_run_json(handle, env, cache_reset=self._cold_start(handle), params=params)
+        self._write_run_json(target, env, cache_reset=self._cold_start(target), params=params)
         self._measuring = True
         if self.offline is None:
             stage("opening the MLflow run")
             self._open_tracking(params)
         chat = _chat_tokenizer(self.engine)
-        self.base_url, self.model = handle.endpoints.base_url + "/v1", caps.models[0]
+        self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         self._streams = CallStreams(run_dir, tokens=chat is not None, payloads=cfg.tracking.traces)
         self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
         self._streams.on_row = self._on_row
-        self._start_collectors(caps, handle)
-        proc = handle.process
-        health = f"{handle.endpoints.base_url}{self.engine.health_path}"
-        self._watch = EngineWatch(
-            health, exit_code=proc.exit_code if proc else None, headers=keyed
-        ).start()
+        for cache in target.caches:
+            self._start_collectors(caps, cache)
+            proc = cache.handle.process
+            health = f"{cache.handle.endpoints.base_url}{self.engine.health_path}"
+            self._watches[cache.name] = EngineWatch(
+                health, exit_code=proc.exit_code if proc else None, headers=keyed
+            ).start()
+        if target.router is not None:
+            self._router_start = router_samples(target.router)
+            r = target.router.process
+            self._watches["router"] = EngineWatch(
+                target.router.base_url + "/health", exit_code=r.exit_code if r else None
+            ).start()
 
     @property
     def _store_prompts(self) -> bool:
@@ -202,49 +224,63 @@ class CaptureSession:
     def _on_row(self, record: RequestRecord) -> None:
         self.hooks.on_call()
 
-    def _start_collectors(self, caps: Capabilities, handle: RunningEngine) -> None:
-        ep = handle.endpoints
+    def _start_collectors(self, caps: Capabilities, cache: Cache) -> None:
+        """One cache's /metrics sampler and KV event listener, its streams in its folder."""
+        ep, folder = cache.handle.endpoints, cache.folder
+        folder.mkdir(parents=True, exist_ok=True)
         if caps.family and caps.metrics and ep.metrics_url:
-            self._scraper = MetricsScraper(
+            scraper = self._scrapers[cache.name] = MetricsScraper(
                 ENGINES[caps.family],
                 ep.metrics_url,
                 self.run_id,
                 interval_s=self.cfg.metrics_interval_s,
                 api_key_env=self.cfg.engine.api_key_env,
-                instant_path=self.run_dir / METRICS_JSONL,
+                instant_path=folder / METRICS_JSONL,
             )
-            self._scraper.start()  # its first sample precedes the first request
+            scraper.start()  # its first sample precedes the first request
         if caps.kv_events and ep.kv_events:
-            self._listener = KvEventListener(
+            listener = self._listeners[cache.name] = KvEventListener(
                 ep.kv_events,
-                self.run_dir / KV_EVENTS_JSONL,
+                folder / KV_EVENTS_JSONL,
                 bind=ep.kv_events_subscriber_binds,
                 replay_endpoint=ep.kv_events_replay,
             )
-            self._listener.start()  # connected before the first request
+            listener.start()  # connected before the first request
 
     def close(self) -> None:
         """Stop the collectors, flush the streams, stop the engine (once; also after a failure)."""
         if self._closed:
             return
         self._closed = True
-        if self._watch is not None:
-            self._watch.stop()  # before the engine is stopped on purpose
+        for watch in self._watches.values():
+            watch.stop()  # before the engine is stopped on purpose
         try:
             if self._streams is not None:
                 self._streams.close()  # and the rows of programs it ran (child_env), merged
-            if self._scraper is not None:
-                self._scraper.stop()
-                self._scraper.write(self.run_dir / METRICS_PARQUET)
-            if self._listener is not None:
-                summary = self._listener.stop()
-                (self.run_dir / KV_SUMMARY).write_text(
-                    json.dumps(summary.to_dict(), indent=2) + "\n"
-                )
+            self._stop_collectors()
         finally:
             self._stack.close()  # the prompt-token stream, then the engine
-        if self._scraper is not None and self._scraper.error:
-            self._record({"scrape_error": self._scraper.error})
+        errors = {n: s.error for n, s in self._scrapers.items() if s.error}
+        if errors:
+            self._record({"scrape_error": "; ".join(f"{n}: {e}" if n else e
+                                                   for n, e in errors.items())})  # fmt: skip
+
+    def _stop_collectors(self) -> None:
+        """Every cache's series and KV event summary written into its folder; the router's
+        /metrics, start and end, into router_metrics.json."""
+        target = self._target
+        folders = {c.name: c.folder for c in target.caches} if target else {None: self.run_dir}
+        for name, scraper in self._scrapers.items():
+            scraper.stop()
+            written = scraper.write(folders[name] / METRICS_PARQUET)
+            if written and name is not None:  # a replica's samples say which replica
+                labelled(written[0], replica=name)
+        for name, listener in self._listeners.items():
+            summary = listener.stop()
+            (folders[name] / KV_SUMMARY).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        if target is not None and target.router is not None:
+            doc = {"start": self._router_start, "end": router_samples(target.router)}
+            (self.run_dir / files.ROUTER_METRICS).write_text(json.dumps(doc, indent=2) + "\n")
 
     def __enter__(self) -> "CaptureSession":
         return self.open()
@@ -256,15 +292,19 @@ class CaptureSession:
         """The engine's own per-request timings, where it exports them (SGLang), by rid."""
         return self.engine.exported_timings()
 
-    def _cold_start(self, handle: RunningEngine) -> str:
-        """Empty the prefix cache (an `engine up` engine holds earlier runs' blocks)."""
+    def _cold_start(self, target: Target) -> str:
+        """Empty the prefix cache of every replica (an `engine up` engine holds earlier runs')."""
         if not self.cfg.cold_start:
             return "kept (cold_start: false)"
-        try:
-            note = reset_cache(self.engine, handle.endpoints.base_url)
-        except EngineError as err:
-            return f"not reset: {err}"
-        return note or "emptied before the workload"
+        notes = []
+        for cache in target.caches:
+            try:
+                note = reset_cache(self.engine, cache.handle.endpoints.base_url)
+            except EngineError as err:
+                note = f"not reset: {err}"
+            if note:
+                notes.append(f"{cache.name}: {note}" if cache.name else note)
+        return "; ".join(notes) or "emptied before the workload"
 
     def _run_info(self, caps: Capabilities, env: dict[str, Any]) -> RunInfo:
         digest = env.get("model", {}).get("chat_template_sha256")
@@ -280,10 +320,11 @@ class CaptureSession:
         )
 
     def _write_run_json(
-        self, handle: RunningEngine, env: dict[str, Any], cache_reset: str, params: dict[str, Any]
+        self, target: Target, env: dict[str, Any], cache_reset: str, params: dict[str, Any]
     ) -> None:
+        handle = target.first
         launch = handle.launch.shell() if handle.launch else None
-        run = {
+        run: dict[str, Any] = {
             "mlflow_params": params,  # what the MLflow run was (or `kvscope log` will be) given
             "benchmark_run_id": self.run_id,
             "configuration_hash": config_hash(self.cfg),
@@ -292,9 +333,11 @@ class CaptureSession:
             "cache_reset": cache_reset,
             "environment": env,
         }
+        if target.router is not None:  # a deployment: every replica's command and the router's
+            run["launch_commands"] = target.launch_commands()
         (self.run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
         (self.run_dir / files.ENVIRONMENT_JSON).write_text(json.dumps(env, indent=2, default=str))
-        (self.run_dir / files.LAUNCH_COMMAND).write_text((launch or "") + "\n")
+        (self.run_dir / files.LAUNCH_COMMAND).write_text(target.launch_text())
 
     def _record(self, capture: dict[str, Any]) -> None:
         """Add what the collectors reported at close to run.json's `capture`."""

@@ -271,11 +271,6 @@ def check_experiment(cfg: ExperimentConfig) -> None:
             )
     if e.kind == "attach" and w.mode == "synthetic":
         raise ConfigError("synthetic mode needs the model's tokenizer: not available on attach")
-    if cfg.deployment is not None:
-        raise ConfigError(
-            "deployment (replicas behind a router) is not yet run by `kvscope run` / `sweep` "
-            "(issue 17: engines.deployment starts it; the capture of several replicas is to come)"
-        )
 
 
 # Sections added after runs were recorded: left out while unset, so a configuration without

@@ -140,6 +140,10 @@ def log_run(
     for name in files.ARTIFACTS:
         if (analysis.run_dir / name).exists():
             tracking.log_artifact(analysis.run_dir / name)
+    for replica, folder in files.replica_dirs(analysis.run_dir).items():  # a deployment's
+        for name in files.REPLICA_ARTIFACTS:
+            if (folder / name).exists():
+                tracking.log_artifact(folder / name, f"{files.REPLICAS_DIR}/{replica}")
     # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
     expected = write_run_traces(analysis, tracking).expected if traces else 0
     status = analysis.run.get("status") or {}

@@ -26,6 +26,7 @@ from kvscope.errors import EngineNotInstalled
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
 from kvscope.finalize.routing import routing_columns
+from kvscope.records.run_dir import ENGINE_LOG, replica_dir
 
 pytestmark = pytest.mark.engine
 SYSTEM = "You are a careful analyst. " * 40  # 266-token prompts: two 128-token blocks
@@ -87,7 +88,7 @@ def run(policy: str, log_dir: Path) -> tuple[list[dict[str, Any]], list[int], li
         for name, h in running.replicas.items():
             batches = kv_events.replay(h.endpoints.kv_events_replay or "", 0)
             ledgers[name] = build_ledger((b, e) for b in batches for e in b.events)
-    logs = {n: (log_dir / f"replica-{n}.log").read_text(errors="replace") for n in ledgers}
+    logs = {n: (replica_dir(log_dir, n) / ENGINE_LOG).read_text(errors="replace") for n in ledgers}
     placed = replicas.from_logs(logs, [x["request_uuid"] for x in rows])
     for x in rows:
         x["replica"] = placed[x["request_uuid"]]

@@ -130,10 +130,9 @@ def test_recorded_config_of_a_single_engine_has_no_deployment_key() -> None:
     assert as_dict(with_one)["deployment"]["replicas"] == 2
 
 
-def test_run_refuses_a_deployment_until_the_capture_is_wired() -> None:
+def test_run_takes_a_deployment() -> None:
     check_experiment(ExperimentConfig())  # a single engine: as before
-    with pytest.raises(ConfigError, match="not yet run"):
-        check_experiment(parse_experiment({"deployment": {"replicas": 2}}))
+    check_experiment(parse_experiment({"deployment": {"replicas": 2}}))
 
 
 def test_the_router_sweep_points_are_valid_deployments() -> None:

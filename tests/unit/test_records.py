@@ -33,10 +33,12 @@ def test_file_names_are_distinct_and_the_artifacts_are_among_them() -> None:
         blocks.BLOCKS_PARQUET, run_dir.CONFIG_YAML, run_dir.RUN_JSON, run_dir.ENVIRONMENT_JSON,
         run_dir.LAUNCH_COMMAND, run_dir.ENGINE_LOG, run_dir.FINALIZE_JSON, run_dir.SUMMARY_JSON,
         run_dir.TIMELINE_PNG, run_dir.EVICTIONS_PNG, run_dir.REPORT_HTML, run_dir.REPORT_ERROR,
-        run_dir.REPLAY_JSON, run_dir.REPLAY_PNG,
+        run_dir.REPLAY_JSON, run_dir.REPLAY_PNG, run_dir.REPLICAS_DIR, run_dir.ROUTER_LOG,
+        run_dir.ROUTER_METRICS,
     ]  # fmt: skip
     assert len(set(names)) == len(names)
     assert set(run_dir.ARTIFACTS) <= set(names)
+    assert set(run_dir.REPLICA_ARTIFACTS) <= set(names)
     assert not {n for n in run_dir.ARTIFACTS if n.endswith(".jsonl")}  # streams fold into tables
 
 

@@ -1,9 +1,10 @@
 """Several replicas of one engine behind a router (config `deployment`): start, check, stop.
 
 `start` launches the replicas one after another (each its own ports from the deployment's
-port_stride, its own log `replica-<name>.log`, health checked), then the router in front of them
-(`router.log`), and returns a RunningDeployment; attached replicas (engine.kind attach) and an
-attached router (router.url) are health checked instead of launched. Whatever fails, Ctrl-C
+port_stride, its own log `replicas/<name>/engine.log` in the run directory, health checked),
+then the router in front of them (`router.log`), and returns a RunningDeployment; attached
+replicas (engine.kind attach) and an attached router (router.url) are health checked instead of
+launched. Whatever fails, Ctrl-C
 included, everything already started is stopped before the error propagates; `stop` stops the
 router first, then every replica, each even when another's stop raised. Every process runs in
 its own process group and dies with kvscope (engines.process), so none is left behind.
@@ -22,6 +23,7 @@ from kvscope.engines import make_engine, runtime
 from kvscope.engines import router as launcher
 from kvscope.engines.base import Engine
 from kvscope.engines.vllm import BLOCK_SIZE, VllmEngine
+from kvscope.records import run_dir as files
 
 
 def replica_configs(deployment: DeploymentConfig, engine: EngineConfig) -> list[EngineConfig]:
@@ -95,13 +97,16 @@ def _collect(stop: Callable[[], None], errors: list[BaseException]) -> None:
         errors.append(err)
 
 
-def start(deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path) -> RunningDeployment:
-    """Every replica healthy, then the router healthy; on failure all of it stopped."""
+def start(deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path) -> RunningDeployment:
+    """Every replica healthy, then the router healthy; on failure all of it stopped. Logs go to
+    the run directory: replicas/<name>/engine.log and router.log."""
     engines = replica_engines(deployment, engine)
     running = RunningDeployment(deployment)
     try:
         for name, e in zip(deployment.replica_names(), engines, strict=True):
-            running.replicas[name] = runtime.start(e, log_dir / f"replica-{name}.log")
+            folder = files.replica_dir(run_dir, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            running.replicas[name] = runtime.start(e, folder / files.ENGINE_LOG)
         r = deployment.router
         command = None
         if not r.url:
@@ -110,7 +115,7 @@ def start(deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path) -> 
                 r, router_replicas(deployment, engines), block_size=block_size(engines[0]),
                 model=model,
             )  # fmt: skip
-        running.router = launcher.start(r, command, log_dir / "router.log")
+        running.router = launcher.start(r, command, run_dir / files.ROUTER_LOG)
     except BaseException:
         with contextlib.suppress(Exception):
             running.stop()
@@ -120,10 +125,10 @@ def start(deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path) -> 
 
 @contextlib.contextmanager
 def running(
-    deployment: DeploymentConfig, engine: EngineConfig, log_dir: Path
+    deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path
 ) -> Iterator[RunningDeployment]:
     """A healthy deployment for the duration of the block; all of it stopped after."""
-    handle = start(deployment, engine, log_dir)
+    handle = start(deployment, engine, run_dir)
     try:
         yield handle
     finally:

@@ -34,8 +34,10 @@ class Life(Protocol):
     needed: int  # how many did
 
 
-def block_table(lives: Sequence[Life], by_uuid: Mapping[str, Row]) -> pa.Table:
-    """The lives' block table, with records.blocks.BLOCKS_SCHEMA."""
+def block_table(
+    lives: Sequence[Life], by_uuid: Mapping[str, Row], replica: str | None = None
+) -> pa.Table:
+    """The lives' block table, with records.blocks.BLOCKS_SCHEMA (`replica`: whose cache)."""
     owner = [by_uuid.get(b.owner or "") for b in lives]
     evictor = [by_uuid.get(b.evictor or "") for b in lives]
     needer = [by_uuid.get(b.needed_by) if b.needed_by else None for b in lives]
@@ -66,6 +68,7 @@ def block_table(lives: Sequence[Life], by_uuid: Mapping[str, Row]) -> pa.Table:
         "needed_by_request_uuid": lambda: _field(needer, "request_uuid"),
         "needed_by_agent_id": lambda: _field(needer, "agent_id"),
         "needed_by_transition": lambda: _transitions(needer),
+        "replica": lambda: [replica] * len(lives),
     }
     assert list(columns) == BLOCKS_SCHEMA.names
     arrays = [pa.array(columns[f.name](), type=f.type) for f in BLOCKS_SCHEMA]

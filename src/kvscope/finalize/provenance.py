@@ -181,13 +181,16 @@ def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _
 
 
 @without_gc
-def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger) -> Provenance:
-    """Per-request provenance columns and the block table (owners, evictors, harm)."""
+def provenance(
+    rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger, replica: str | None = None
+) -> Provenance:
+    """Per-request provenance columns and the block table (owners, evictors, harm): `rows` the
+    calls one cache served, `ledger` that cache's blocks (`replica`: its name in a deployment)."""
     size = ledger.block_size
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
     if size is None:
-        empty = block_table([], by_uuid)
+        empty = block_table([], by_uuid, replica)
         return Provenance(list(rows), empty, {"no stored blocks": len(rows)})
     order = sorted(rows, key=lambda r: r["start_ns"])
     prompts = _prompts(order, tokens, size)
@@ -219,7 +222,8 @@ def provenance(rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger
     result = [out.get(r["request_uuid"], r) for r in rows]
     unknown = sum(r.get("queue_ms") is None for r, _ in done)
     del out, done
-    return Provenance(result, block_table(ledger.lives, by_uuid), dict(skipped), unknown)
+    table = block_table(ledger.lives, by_uuid, replica)
+    return Provenance(result, table, dict(skipped), unknown)
 
 
 def _layout_blocks(

@@ -15,8 +15,10 @@ stream. It covers only calls that computed at least one full block; `from_kv_eve
 """
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+Row = dict[str, Any]
 ADDED = re.compile(r"Added request (\S+?)\.?\s*$", re.MULTILINE)
 
 
@@ -40,3 +42,14 @@ def from_kv_events(
         found = [name for name, ids in seen.items() if rid in ids]
         out[rid] = found[0] if len(found) == 1 else None
     return out
+
+
+def place(
+    rows: Sequence[Row], logs: Mapping[str, str], stored: Mapping[str, Iterable[str | None]]
+) -> list[Row]:
+    """The rows with `replica` set: from the replicas' logs, else from their KV events (the
+    session_ids of the blocks each stored); None where neither tells one replica."""
+    ids = [r["request_uuid"] for r in rows]
+    by_log = from_logs(logs, ids)
+    by_events = from_kv_events(stored, [i for i in ids if by_log[i] is None])
+    return [r | {"replica": by_log[i] or by_events.get(i)} for r, i in zip(rows, ids, strict=True)]

@@ -1,66 +1,155 @@
 """A run directory's streams -> its tables, the same at the end of a run and in `kvscope convert`.
 
-Reads requests.jsonl, the /metrics series (metrics.parquet, else metrics.kvscope.jsonl),
-prompt_tokens.jsonl and kv_events.jsonl; writes requests.parquet with the Level 2 context and
-Level 3 provenance columns, kv_events.parquet (one row per block event), blocks.parquet (one row
-per block life) and finalize.json (what was read and matched).
+Reads requests.jsonl, prompt_tokens.jsonl and, per KV cache, its /metrics series (metrics.parquet,
+else metrics.kvscope.jsonl) and kv_events.jsonl; writes requests.parquet with the Level 2 context
+and Level 3 provenance columns, kv_events.parquet (one row per block event), blocks.parquet (one
+row per block life) and finalize.json (what was read and matched).
+
+One engine has one cache: its streams are in the run directory. A deployment (replicas behind a
+router) has one per replica, in replicas/<name>/ (records.run_dir.replica_dirs): each call is
+placed on the replica that served it (finalize.replicas), gets its context and provenance from
+that replica's streams alone (a block on replica A is not a hit on replica B), and its routing
+miss from all of them (finalize.routing); the event and block tables carry a `replica` column.
 """
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvscope.collect.context import with_context
 from kvscope.errors import KvscopeError
+from kvscope.finalize import replicas
 from kvscope.finalize.divergence import with_divergence
-from kvscope.finalize.provenance import build_ledger, provenance
+from kvscope.finalize.provenance import Ledger, build_ledger, provenance
+from kvscope.finalize.routing import routing_columns
 from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.finalized import Finalized, KvReport
+from kvscope.records.run_dir import ENGINE_LOG, replica_dirs
 from kvscope.records.tokens import load_tokens
 
 Timings = Mapping[str, Mapping[str, float | None]]  # request_uuid -> the engine's own timings
+Row = dict[str, Any]
+UNPLACED = "serving replica unknown"  # a deployment's call no replica log or event names
+
+
+@dataclass(frozen=True)
+class _Cache:
+    """One KV cache's streams: the engine's (name None) or one replica's."""
+
+    name: str | None
+    folder: Path
+    batches: list[kv_events.KvBatch] | None  # None: no KV events were recorded
+
+    @classmethod
+    def read(cls, name: str | None, folder: Path) -> "_Cache":
+        path = folder / kv_events.KV_EVENTS_JSONL
+        return cls(name, folder, kv_events.read_batches(path)[0] if path.exists() else None)
+
+    def listener(self) -> dict[str, Any] | None:
+        path = self.folder / kv_events.KV_SUMMARY
+        return json.loads(path.read_text()) if path.exists() else None
 
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
     rows, skipped = requests.read_rows(run_dir)
-    series = metrics.load_series(run_dir)
-    if series:
-        rows = [with_context(r, series) for r in rows]
     if exported:
         rows = [_with_exported(r, exported.get(r["request_uuid"])) for r in rows]
     tokens = load_tokens(run_dir)
     if tokens:
         rows = with_divergence(rows, tokens)
-    n_blocks = 0
-    report = None
-    if (run_dir / kv_events.KV_EVENTS_JSONL).exists():
-        batches, _ = kv_events.read_batches(run_dir / kv_events.KV_EVENTS_JSONL)
-        pq.write_table(kv_events.events_table(batches), run_dir / kv_events.KV_EVENTS_PARQUET)
-        ledger = build_ledger(kv_events.events_of(batches))
-        prov = provenance(rows, tokens, ledger)
-        rows, n_blocks = prov.rows, prov.table.num_rows
-        pq.write_table(prov.table, run_dir / BLOCKS_PARQUET)
-        missing, recovered = kv_events.holes(batches)
-        listener = None
-        if (run_dir / kv_events.KV_SUMMARY).exists():
-            listener = json.loads((run_dir / kv_events.KV_SUMMARY).read_text())
-            missing = max(missing, listener.get("lost", 0))
-        report = KvReport(
-            batches=len(batches), events=sum(len(b.events) for b in batches),
-            missing_batches=missing, recovered_batches=recovered,
-            orphan_blocks=ledger.orphan_blocks, skipped=prov.skipped,
-            queue_unknown=prov.queue_unknown, listener=listener,
-        )  # fmt: skip
-    requests.write_table(run_dir, rows)
+    named = replica_dirs(run_dir)
+    caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
+    if named:
+        rows = _placed(rows, caches)
+    for c in caches:
+        if series := metrics.load_series(c.folder):
+            rows = [with_context(r, series) if r.get("replica") == c.name else r for r in rows]
     context = sum(r.get("cache_used_tokens_before") is not None for r in rows)
+    rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
+    requests.write_table(run_dir, rows)
     done = Finalized(len(rows), skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
+
+
+def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
+    """A deployment's rows with the replica that served each."""
+    logs = {}
+    for c in caches:
+        log = c.folder / ENGINE_LOG
+        logs[str(c.name)] = log.read_text(errors="replace") if log.exists() else ""
+    stored = {
+        str(c.name): (e.session_id for _, e in kv_events.events_of(c.batches or [])) for c in caches
+    }
+    return replicas.place(rows, logs, stored)
+
+
+def _provenance(
+    run_dir: Path, rows: list[Row], tokens: Mapping[str, Any], caches: list[_Cache]
+) -> tuple[list[Row], int, KvReport | None]:
+    """Provenance per cache, routing misses across them; the event and block tables written."""
+    with_events = [c for c in caches if c.batches is not None]
+    if not with_events:
+        return rows, 0, None
+    events, blocks, ledgers, reports = [], [], {}, []
+    out = {r["request_uuid"]: r for r in rows}
+    for c in with_events:
+        assert c.batches is not None
+        events.append(kv_events.events_table(c.batches, c.name))
+        ledger = build_ledger(kv_events.events_of(c.batches))
+        mine = [r for r in rows if r.get("replica") == c.name]
+        prov = provenance(mine, tokens, ledger, c.name)
+        out.update((r["request_uuid"], r) for r in prov.rows)
+        blocks.append(prov.table)
+        ledgers[str(c.name)] = ledger
+        reports.append(_report(c, ledger, prov.skipped, prov.queue_unknown))
+    rows = [out[r["request_uuid"]] for r in rows]
+    if caches[0].name is not None:
+        rows = routing_columns(rows, tokens, ledgers)
+    pq.write_table(pa.concat_tables(events), run_dir / kv_events.KV_EVENTS_PARQUET)
+    table = pa.concat_tables(blocks)
+    pq.write_table(table, run_dir / BLOCKS_PARQUET)
+    report = reports[0] if caches[0].name is None else _merged(reports, with_events, rows)
+    return rows, table.num_rows, report
+
+
+def _report(c: _Cache, ledger: Ledger, skipped: dict[str, int], unknown: int) -> KvReport:
+    assert c.batches is not None
+    missing, recovered = kv_events.holes(c.batches)
+    listener = c.listener()
+    if listener is not None:
+        missing = max(missing, listener.get("lost", 0))
+    return KvReport(
+        batches=len(c.batches), events=sum(len(b.events) for b in c.batches),
+        missing_batches=missing, recovered_batches=recovered,
+        orphan_blocks=ledger.orphan_blocks, skipped=skipped,
+        queue_unknown=unknown, listener=listener,
+    )  # fmt: skip
+
+
+def _merged(reports: list[KvReport], caches: list[_Cache], rows: list[Row]) -> KvReport:
+    """A deployment's report: the replicas' counts summed, their listeners by replica."""
+    skipped: dict[str, int] = {}
+    for r in reports:
+        for reason, n in r.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    if unplaced := sum(r.get("replica") is None for r in rows):
+        skipped[UNPLACED] = unplaced
+    return KvReport(
+        batches=sum(r.batches for r in reports), events=sum(r.events for r in reports),
+        missing_batches=sum(r.missing_batches for r in reports),
+        recovered_batches=sum(r.recovered_batches for r in reports),
+        orphan_blocks=sum(r.orphan_blocks for r in reports), skipped=skipped,
+        queue_unknown=sum(r.queue_unknown for r in reports),
+        listener={str(c.name): r.listener for c, r in zip(caches, reports, strict=True)},
+    )  # fmt: skip
 
 
 def convert(run_dir: Path) -> Finalized:
@@ -72,9 +161,7 @@ def convert(run_dir: Path) -> Finalized:
     return finalize(run_dir)
 
 
-def _with_exported(
-    row: dict[str, Any], timings: Mapping[str, float | None] | None
-) -> dict[str, Any]:
+def _with_exported(row: Row, timings: Mapping[str, float | None] | None) -> Row:
     if not timings:
         return row
     return row | {k: v for k, v in timings.items() if v is not None and row.get(k) is None}

@@ -36,6 +36,7 @@ class BlockRecord:
     needed_by_request_uuid: str | None
     needed_by_agent_id: str | None
     needed_by_transition: str | None
+    replica: str | None = None  # the replica whose cache held it (a deployment); None: one engine
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self)

@@ -19,7 +19,8 @@ class KvReport:
     orphan_blocks: int  # stored on a parent never seen: cannot be matched to prompts
     skipped: dict[str, int] = field(default_factory=dict)  # requests without provenance, why
     queue_unknown: int = 0  # requests with provenance placed at their send time (no queue time)
-    listener: dict[str, Any] | None = None  # the listener's own summary (gaps with times)
+    # the listener's own summary (gaps with times); a deployment's: one per replica, by name
+    listener: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

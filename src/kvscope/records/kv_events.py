@@ -134,12 +134,14 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("tokens", pa.int32()),  # stored: tokens in the block
         pa.field("session_id", pa.string()),
         pa.field("medium", pa.string()),
+        pa.field("replica", pa.string()),  # the replica that published it; null: one engine
     ]
 )
 
 
-def events_table(batches: Iterable[KvBatch]) -> pa.Table:
-    """kv_events.parquet: one row per block event (a BlockStored of 4 blocks gives 4 rows)."""
+def events_table(batches: Iterable[KvBatch], replica: str | None = None) -> pa.Table:
+    """kv_events.parquet: one row per block event (a BlockStored of 4 blocks gives 4 rows);
+    `replica`: the deployment replica that published them (None: one engine)."""
     cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS_SCHEMA}
 
     def add(b: KvBatch, e: KvEvent, h: int | None, parent: int | None, n: int | None) -> None:
@@ -154,6 +156,7 @@ def events_table(batches: Iterable[KvBatch]) -> pa.Table:
             n,
             e.session_id,
             e.medium,
+            replica,
         )
         for name, v in zip(cols, values, strict=True):
             cols[name].append(v)

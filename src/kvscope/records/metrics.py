@@ -79,6 +79,18 @@ def read_gaps(path: Path) -> tuple[ScrapeSummary, list[ScrapeGap]]:
     return ScrapeSummary(**doc["summary"]), [ScrapeGap(**g) for g in doc["gaps"]]
 
 
+def labelled(path: Path, **labels: str) -> None:
+    """Add `labels` to every sample of the metrics.parquet at `path` (a replica's name)."""
+    table = pq.read_table(path)
+    column = [
+        json.dumps(json.loads(text or "{}") | labels, sort_keys=True)
+        for text in table["labels"].to_pylist()
+    ]
+    index = table.schema.get_field_index("labels")
+    field = table.schema.field(index)
+    pq.write_table(table.set_column(index, field, pa.array(column, field.type)), path)
+
+
 def instant_series(table: pa.Table) -> Series:
     """kvscope instant value -> [(timestamp_ns, value)] in time order, from a written series."""
     rows = table.filter(pc.starts_with(table["metric_name"], KVSCOPE_PREFIX))

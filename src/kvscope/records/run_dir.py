@@ -30,6 +30,11 @@ REPORT_HTML = "report.html"
 REPORT_ERROR = "report.error.txt"  # why report.html could not be written
 REPLAY_JSON = "replay.json"  # `kvscope replay RUN`: each policy x capacity, and fidelity
 REPLAY_PNG = "replay.png"  # its hit ratio vs capacity per policy and agent
+# A deployment (replicas behind a router): each replica's own streams, under the same names as
+# one engine's, in replicas/<name>/ (its engine.log, metrics, KV events); the router's beside.
+REPLICAS_DIR = "replicas"
+ROUTER_LOG = "router.log"
+ROUTER_METRICS = "router_metrics.json"  # the router's /metrics at the start and the end
 
 # What the MLflow run keeps (the JSONL streams are folded into their tables).
 ARTIFACTS = (
@@ -50,7 +55,11 @@ ARTIFACTS = (
     REPORT_HTML,
     REPLAY_JSON,
     REPLAY_PNG,
+    ROUTER_LOG,
+    ROUTER_METRICS,
 )
+# What the MLflow run keeps of each replica, under replicas/<name>/.
+REPLICA_ARTIFACTS = (ENGINE_LOG, METRICS_PARQUET, METRICS_GAPS, KV_SUMMARY)
 
 _STAMP = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{6}$")  # new_run's time and random suffix
 
@@ -72,3 +81,17 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     """run.json, or {} for a run directory without one."""
     path = run_dir / RUN_JSON
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def replica_dir(run_dir: Path, name: str) -> Path:
+    """Where a deployment's replica `name` keeps its streams (created by the capture)."""
+    return run_dir / REPLICAS_DIR / name
+
+
+def replica_dirs(run_dir: Path) -> dict[str, Path]:
+    """A deployment run's replicas by name (r0, r1, ...); {} for a run of one engine."""
+    root = run_dir / REPLICAS_DIR
+    if not root.is_dir():
+        return {}
+    found = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
+    return {p.name: p for p in found}  # r2 before r10
