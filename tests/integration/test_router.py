@@ -7,7 +7,9 @@ The router program: $KVSCOPE_TEST_ROUTER, else engines.router.executable (pip in
 'kvscope[router]'); skipped without it. About a minute per policy on 2 CPU cores.
 """
 
+import json
 import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -15,8 +17,10 @@ from typing import Any
 
 import httpx
 import psutil
+import pyarrow.parquet as pq
 import pytest
-from helpers import free_port
+import yaml
+from helpers import KVSCOPE, ROOT, free_port
 
 from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig
 from kvscope.engines import deployment, kv_events, router
@@ -26,7 +30,7 @@ from kvscope.errors import EngineNotInstalled
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
 from kvscope.finalize.routing import routing_columns
-from kvscope.records.run_dir import ENGINE_LOG, replica_dir
+from kvscope.records.run_dir import ENGINE_LOG, replica_dir, replica_dirs
 
 pytestmark = pytest.mark.engine
 SYSTEM = "You are a careful analyst. " * 40  # 266-token prompts: two 128-token blocks
@@ -121,3 +125,42 @@ def test_kv_aware_keeps_the_shared_block(tmp_path: Path) -> None:
     assert rows[1]["cached_tokens"] == 128  # the shared block, served
     assert [x["routing_miss_tokens"] for x in rows] == [0, 0, 0, 0]
     assert_nothing_left(pids, ports)
+
+
+def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
+    """`kvscope run` of the shipped router config (round robin), one workflow at a time: the
+    calls of one workflow alternate the replicas, so an agent's reuse of another agent's prefix
+    lands on the replica that did not compute it."""
+    cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
+    base_port = free_port(20)
+    cfg["engine"] |= {"port": base_port, "kv_events_port": base_port + 10}
+    cfg["deployment"]["port_stride"] = 5
+    cfg["deployment"]["router"] |= {
+        "port": base_port + 18, "metrics_port": base_port + 19, "executable": program(),
+    }  # fmt: skip
+    cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
+    cfg["runs_dir"] = str(tmp_path / "runs")
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    result = subprocess.run(
+        [*KVSCOPE, "run", str(path)], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, both used
+    assert all(r["routing_miss_tokens"] is not None for r in rows)
+    missed = [r for r in rows if r["routing_miss_tokens"]]
+    assert missed and all(r["routing_miss_replica"] not in (None, r["replica"]) for r in missed)
+    assert sorted(replica_dirs(run_dir)) == ["r0", "r1"]
+    for folder in replica_dirs(run_dir).values():
+        assert (folder / "kv_events.jsonl").exists() and (folder / "metrics.parquet").exists()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert set(run["launch_commands"]) == {"r0", "r1", "router"}
+    router = json.loads((run_dir / "router_metrics.json").read_text())["end"]
+    processed = [s for s in router if s["name"] == "vllm_router_processed_requests_total"]
+    assert sum(s["value"] for s in processed) == 8  # the router's own count of the calls
+    ports = [base_port, base_port + 5, base_port + 10, base_port + 15, base_port + 18]
+    assert [p for p in ports if not port_free("127.0.0.1", p)] == []

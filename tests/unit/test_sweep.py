@@ -150,6 +150,7 @@ def test_a_bad_point_is_a_one_line_error_before_anything_starts(
         ("sharing-modes", 5, 1),
         ("radix-off", 2, 2),
         ("dynamic-pressure", 12, 3),
+        ("router", 3, 3),  # each deployment point starts its own replicas and router
     ],
 )
 def test_the_shipped_sweeps_load(name: str, points: int, engines: int) -> None:
@@ -242,6 +243,35 @@ def test_one_engine_per_engine_config_and_every_point_runs_on_its_own(tmp_path: 
         assert up == point.config.engine
     assert len(fakes.resets) == 7  # before every point
     assert {p.status for p in record.points} == {OK}
+
+
+def test_a_deployment_point_starts_its_own_replicas(tmp_path: Path) -> None:
+    data = {"name": "d", "base": {"name": "d", "deployment": {"replicas": 2}},
+            "matrix": {"deployment.router.policy": ["round_robin", "cache_aware"]}}  # fmt: skip
+    sw = sweep_of(data, tmp_path)
+    assert [(g.deployed, len(g.points)) for g in sw.groups()] == [(True, 1), (True, 1)]
+    fakes = Fakes(tmp_path / "runs")
+    record = fakes.run(sw, tmp_path)
+    # no group engine, no reset by the sweep: each run starts (and empties) its deployment
+    assert fakes.started == [] and fakes.resets == []
+    assert [(name, up) for name, up in fakes.ran] == [
+        ("d-policy=round_robin", None), ("d-policy=cache_aware", None),
+    ]  # fmt: skip
+    assert {p.status for p in record.points} == {OK}
+
+
+def test_the_command_fails_when_a_point_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sw = sweep_of(PRESSURE, tmp_path)
+    fakes = Fakes(tmp_path / "runs", fail={"p-kv_capacity_tokens=default-concurrency=4"})
+    monkeypatch.setattr("kvscope.cli.sweep.load_sweep", lambda *a, **k: sw)
+    monkeypatch.setattr("kvscope.cli.sweep.preflight", lambda plan: None)
+    monkeypatch.setattr("kvscope.cli.sweep.run_sweep", lambda plan, out, hooks: fakes.run(sw, out))
+    monkeypatch.setattr("kvscope.cli.sweep._compare", lambda record, out: None)
+    result = CliRunner().invoke(app, ["sweep", "x.yaml"])
+    assert result.exit_code == 1
+    assert "1 of 6 point(s) failed" in result.output
 
 
 def test_sweep_json_records_failures_and_the_sweep_goes_on(tmp_path: Path) -> None:

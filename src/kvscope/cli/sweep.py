@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kvscope.cli.common import console, friendly
 from kvscope.sweep import (
+    FAILED,
     OK,
     PointResult,
     Sweep,
@@ -74,6 +75,9 @@ def sweep(
     _show(record)
     console.print(f"run directories under {plan.runs_dir.resolve()}")
     _compare(record, out_dir)
+    if failed := record.counts().get(FAILED, 0):  # the runs and the report are kept
+        console.print(f"[red]{failed} of {len(record.points)} point(s) failed[/]")
+        raise typer.Exit(1)
 
 
 def _show_plan(plan: Sweep) -> None:

@@ -209,6 +209,10 @@ def _run_group(
     reset_cache: CacheReset,
 ) -> None:
     try:
+        if group.deployed:  # the point's run starts its replicas and router, and empties them
+            for point in group.points:
+                _run_point(point, record, hooks, run_point, None)
+            return
         with start_engine(group.engine, out_dir / f"engine-{group.index}.log"):
             for point in group.points:
                 _run_point(point, record, hooks, run_point, reset_cache)
@@ -226,7 +230,7 @@ def _run_point(
     record: SweepRecord,
     hooks: SweepHooks,
     run_point: Callable[[ExperimentConfig, Any], Outcome],
-    reset_cache: CacheReset,
+    reset_cache: CacheReset | None,
 ) -> None:
     result = record.points[point.index]
     result.status = RUNNING
@@ -236,8 +240,9 @@ def _run_point(
     before = _run_dirs(runs_dir, point.label)
     t0 = time.monotonic()
     try:
-        hooks.on_stage("emptying the prefix cache")
-        result.note = reset_cache(point.config.engine)
+        if reset_cache is not None:
+            hooks.on_stage("emptying the prefix cache")
+            result.note = reset_cache(point.config.engine)
         outcome = run_point(point.config, hooks.run_hooks)
     except Exception as err:
         result.status, result.error = FAILED, _message(err)

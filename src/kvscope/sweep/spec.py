@@ -64,11 +64,16 @@ class Point:
 
 @dataclass(frozen=True)
 class Group:
-    """Points that share one engine configuration, hence one engine process."""
+    """Points that share one engine configuration, hence one engine process; or one point with
+    a deployment (replicas behind a router), which its own run starts and stops."""
 
     index: int
     engine: EngineConfig
     points: tuple[Point, ...]
+
+    @property
+    def deployed(self) -> bool:
+        return self.points[0].config.deployment is not None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class Sweep:
         engines: dict[str, EngineConfig] = {}
         for p in self.points:
             key = config_hash(p.config.engine)
+            if p.config.deployment is not None:  # its own: the run starts its deployment
+                key = f"{key}-point-{p.index}"
             by_engine.setdefault(key, []).append(p)
             engines.setdefault(key, p.config.engine)
         return [
