@@ -56,6 +56,10 @@ calls of 266 prompt tokens, header x-request-id and body request_id = a uuid):
   carry no session_id (finalize.replicas.from_kv_events places nothing), and a replica's log
   names the call only where the call carried an x-request-id header (vLLM then takes it as the
   request id: `Added request chatcmpl-<x-request-id>-<8 hex>`, all calls placed by from_logs).
+  kvscope's probe tags a vLLM call in the body only (VllmEngine.request_tags: no header), so
+  behind this router a captured call's replica stays None until the probe also sends its
+  request_uuid as x-request-id (tests/integration/test_sglang_router.py: a call with the body
+  field alone is placed nowhere).
 - The reply tells no replica: headers are the replica's plus x-request-id echoed and CORS ones.
   At --log-level debug the router logs `Sending request url=<worker URL>` in the call's span
   (`request_id="<x-request-id>"`); at info only the start and end of each call.
@@ -68,6 +72,8 @@ calls of 266 prompt tokens, header x-request-id and body request_id = a uuid):
   `smg_http_requests_total{method,path}`, `smg_manual_policy_branch_total{branch}`,
   `smg_router_request_duration_seconds`, `smg_worker_pool_size`.
 - SIGTERM: the router exits within about 2 s when no call is in flight.
+- tests/integration/test_sglang_router.py does the above through engines.deployment (round
+  robin, then a second router with manual and one routing key per agent) in about 55 s.
 """
 
 from collections.abc import Sequence
