@@ -25,12 +25,13 @@ class EngineFields(Protocol):
 RouterKind = Literal["vllm-router", "sglang-router"]
 RouterPolicy = Literal[
     "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
-    "sticky_least_loaded",
+    "sticky_least_loaded", "manual",
 ]  # fmt: skip
-# The policies each router's CLI takes (`vllm-router --help` 0.1.17; sglang-router's --policy).
+# The policies each router's CLI takes: `vllm-router --help` (0.1.17) and
+# `sglang-router launch --help` (0.3.2; its `bucket` is a PD-mode --prefill-policy only).
 ROUTER_POLICIES: dict[str, frozenset[str]] = {
-    "vllm-router": frozenset(get_args(RouterPolicy)),
-    "sglang-router": frozenset({"random", "round_robin", "cache_aware", "power_of_two"}),
+    "vllm-router": frozenset(get_args(RouterPolicy)) - {"manual"},
+    "sglang-router": frozenset({"random", "round_robin", "cache_aware", "power_of_two", "manual"}),
 }
 
 

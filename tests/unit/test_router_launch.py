@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig, parse_experiment
-from kvscope.engines import deployment, router
+from kvscope.engines import deployment, router, sglang_router
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import ConfigError
 
@@ -65,11 +65,12 @@ def test_kv_aware_without_events_or_block_size_is_refused() -> None:
                       program="vr")  # fmt: skip
 
 
-def test_only_vllm_router_is_launched() -> None:
-    with pytest.raises(ConfigError, match="vllm-router only"):
-        router.launch(RouterConfig(kind="sglang-router", policy="round_robin"), REPLICAS)
-    with pytest.raises(ConfigError, match="not launched"):
-        router.launch(RouterConfig(url="http://r:1"), REPLICAS, program="vr")
+def test_an_attached_router_is_not_launched() -> None:
+    for kind in ("vllm-router", "sglang-router"):
+        with pytest.raises(ConfigError, match="not launched"):
+            router.launch(RouterConfig(kind=kind, url="http://r:1"), REPLICAS, program="vr")
+    with pytest.raises(ConfigError, match="at least one replica"):
+        router.launch(RouterConfig(kind="sglang-router"), [], program="smg")
 
 
 def test_the_router_program_is_found_or_named(monkeypatch, tmp_path) -> None:
@@ -80,6 +81,75 @@ def test_the_router_program_is_found_or_named(monkeypatch, tmp_path) -> None:
         router.executable(RouterConfig())
     (tmp_path / "vllm-router").write_text("")
     assert router.executable(RouterConfig()) == str(tmp_path / "vllm-router")
+    sglang = RouterConfig(kind="sglang-router")
+    with pytest.raises(Exception, match=r"kvscope\[sglang-router\].*sglang-router==0\.3\.2"):
+        router.executable(sglang)  # vllm-router beside Python is not sglang-router
+    (tmp_path / "sglang-router").write_text("")
+    assert router.executable(sglang) == str(tmp_path / "sglang-router")
+
+
+def test_sglang_router_command() -> None:
+    cfg = RouterConfig(
+        kind="sglang-router", policy="cache_aware", port=30020, metrics_port=29020,
+        startup_timeout_s=90, extra_args=("--cache-threshold", "0.5"),
+    )  # fmt: skip
+    argv = router.launch(cfg, REPLICAS, block_size=128, model="smollm2", program="/v/smg").argv
+    assert argv[:2] == ("/v/smg", "launch")  # the router is the CLI's `launch` subcommand
+    assert values(argv, "--worker-urls") == ["http://127.0.0.1:8000", "http://127.0.0.1:8010"]
+    assert values(argv, "--policy") == ["cache_aware"]
+    assert (values(argv, "--host"), values(argv, "--prometheus-host")) == (
+        ["127.0.0.1"],
+        ["127.0.0.1"],  # both default to 0.0.0.0 in sglang-router
+    )
+    assert (values(argv, "--port"), values(argv, "--prometheus-port")) == (["30020"], ["29020"])
+    assert values(argv, "--request-id-headers") == ["x-request-id"]
+    assert values(argv, "--worker-startup-timeout-secs") == ["90"]
+    assert values(argv, "--worker-startup-check-interval") == ["1"]
+    assert values(argv, "--shutdown-grace-period-secs") == ["10"]  # under kvscope's 20 s grace
+    assert not [a for a in argv if a.startswith("--kv-event")]  # it reads no KV events
+    assert argv[-2:] == ("--cache-threshold", "0.5")
+    assert router.base_url(cfg) == "http://127.0.0.1:30020"
+    assert router.program_of(cfg).HEALTH_PATH == "/readiness"  # its /health is 200 at once
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "ok"),
+    [
+        ("sglang-router", "manual", True),
+        ("sglang-router", "power_of_two", True),
+        ("sglang-router", "kv_aware", False),
+        ("sglang-router", "consistent_hash", False),
+        ("sglang-router", "sticky_least_loaded", False),
+        ("vllm-router", "manual", False),
+        ("vllm-router", "sticky_least_loaded", True),
+    ],
+)
+def test_each_router_takes_its_own_policies(kind: str, policy: str, ok: bool) -> None:
+    if ok:
+        assert RouterConfig(kind=kind, policy=policy).policy == policy
+    else:
+        with pytest.raises(ValueError, match=f"{kind} has no policy '{policy}'"):
+            RouterConfig(kind=kind, policy=policy)
+
+
+def test_sglang_router_counts_a_replica_once_its_worker_list_shows_it_healthy() -> None:
+    # GET /workers of sglang-router 0.3.2 in front of two vLLM replicas (trimmed)
+    listing = {
+        "workers": [
+            {"url": "http://127.0.0.1:8010", "model_id": "unknown", "is_healthy": True},
+            {"url": "http://127.0.0.1:8000", "model_id": "unknown", "is_healthy": True},
+        ],
+        "total": 2,
+    }
+    urls = [r.base_url for r in REPLICAS]
+    assert sglang_router.registered(listing, urls)
+    assert sglang_router.registered(listing, [u + "/" for u in urls])
+    one = {"workers": listing["workers"][:1], "total": 1}
+    assert not sglang_router.registered(one, urls)  # a worker still registering (or dead)
+    sick = {"workers": [dict(w, is_healthy=False) for w in listing["workers"]]}
+    assert not sglang_router.registered(sick, urls)
+    assert not sglang_router.registered(None, urls)  # no JSON yet
+    assert not sglang_router.registered({"detail": "Not Found"}, urls)
 
 
 def test_replicas_get_their_own_ports_and_share_kv_events() -> None:

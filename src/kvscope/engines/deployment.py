@@ -109,13 +109,13 @@ def start(deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path) -> 
             running.replicas[name] = runtime.start(e, folder / files.ENGINE_LOG)
         r = deployment.router
         command = None
+        replicas = router_replicas(deployment, engines)
         if not r.url:
             model = engines[0].served_name if isinstance(engines[0], VllmEngine) else None
-            command = launcher.launch(
-                r, router_replicas(deployment, engines), block_size=block_size(engines[0]),
-                model=model,
-            )  # fmt: skip
-        running.router = launcher.start(r, command, run_dir / files.ROUTER_LOG)
+            command = launcher.launch(r, replicas, block_size=block_size(engines[0]), model=model)
+        running.router = launcher.start(
+            r, command, run_dir / files.ROUTER_LOG, [x.base_url for x in replicas]
+        )
     except BaseException:
         with contextlib.suppress(Exception):
             running.stop()

@@ -1,73 +1,32 @@
-"""The router in front of several engine replicas: vllm-router (PyPI `vllm-router`).
+"""The router in front of several engine replicas: find it, launch it, wait for it, stop it.
 
-vllm-router is a Rust binary wheel (0.1.17: `vllm_router_rs.abi3.so` plus a Python launcher,
-the `vllm-router` console script); install it with `pip install 'kvscope[router]'` into
-kvscope's environment (found next to kvscope's Python) or anywhere on PATH, or name the program
-in `deployment.router.executable`. Flags, from `vllm-router --help` (0.1.17):
+One module per router program holds its flags and what was seen of it on a real run:
+engines.vllm_router (vllm-router 0.1.17) and engines.sglang_router (sglang-router 0.3.2);
+`launch` dispatches on `deployment.router.kind`. The program is `deployment.router.executable`,
+else the one next to kvscope's Python (its console script, installed by the kind's extra), else
+the one on PATH.
 
-- `--worker-urls URL ...` the replicas; `--policy` random | round_robin | cache_aware (default)
-  | kv_aware | power_of_two | consistent_hash | sticky_least_loaded; `--host`, `--port` (30000).
-- `--prometheus-host`, `--prometheus-port` (29000): the router's own /metrics.
-- `--request-id-headers H ...`: the headers it reads a request id from (x-request-id here).
-- kv_aware only: `--kv-event-source WORKER_URL=ENDPOINT` per replica (ZMQ, the router
-  subscribes: the engine's publisher must bind, see VllmEngine.shared_kv_events),
-  `--kv-event-replay-source WORKER_URL=ENDPOINT`, `--kv-event-block-size` (default 16: it must
-  be the engine's block size, 128 on the embedded vLLM CPU), `--kv-event-model`.
-- `--worker-startup-check-interval` (default 30 s) and `--worker-startup-timeout-secs` (600):
-  the router serves nothing, /health included, until every worker answers its /health, and
-  exits when the timeout passes (checked: "Timeout 5s waiting for hosts [...] to become
-  healthy"); kvscope starts it after the replicas are healthy, with 1 s and the router's
-  startup_timeout_s. `--log-level`.
-
-Health: GET /health on the router's port. Start and stop go through ServerProcess: its own
-process group, killed with kvscope (PR_SET_PDEATHSIG), SIGTERM then SIGKILL, so no orphan.
-
-Seen on a real run (bench/router_probe.py, 2026-11-24: two embedded vLLM CPU replicas with
-kv_capacity_tokens 4096, vllm-router 0.1.17 round_robin, 4 chat calls of 266 prompt tokens on a
-busy 2-core machine; both replicas healthy after 70.5 s, all 9 processes gone and the 8 ports
-free after the stop, 78 s in all):
-
-- What tells the serving replica. The reply does not: its headers are the replica's own plus
-  `x-request-id` echoed, its body the replica's (id `chatcmpl-<request_id>`, the same on every
-  replica). The router logs nothing per request at info level. The router forwards the body
-  unchanged (kvscope's `request_id` and `session_id` fields arrive) and the x-request-id
-  header, so the replicas say it: with `--enable-log-requests` each logs `Added request
-  chatcmpl-<request_id>-<8 hex>.` (finalize.replicas.from_logs: all 4 calls placed); the
-  BlockStored events carry session_id = the request_uuid, which places only the calls that
-  stored a block (2 of 4 here: the two fully cached calls stored none).
-- The router's /metrics (its --prometheus-port) counts per worker URL:
-  `vllm_router_policy_decisions_total{policy,worker}`, `vllm_router_processed_requests_total
-  {worker}`, `vllm_router_worker_health{worker}`, `vllm_router_cb_state{worker}`,
-  `vllm_router_requests_total{route}` (2 + 2 decisions for the 4 calls).
-- round_robin started with the second worker URL (its "Router ready" line lists them in another
-  order than --worker-urls): calls went r1, r0, r1, r0.
-- The second call (the other agent, same 128-token first block, on the other replica) computed
-  that block again: finalize.routing counted 128 routing-miss tokens, cached on r1.
-- kv_aware (same calls, --kv-event-block-size 128, --kv-event-model smollm2): the router's
-  subscribers connected to both replicas' bound publishers ("kv_index subscriber for <url> rank0
-  on tcp://127.0.0.1:<port>") beside kvscope's own replay of the same streams; all 4 calls went
-  to r0, the second got its shared block (128 cached), routing misses 0; r1 carried nothing.
-  Its /metrics had no policy_decisions_total sample; processed / cb_outcomes per worker remain.
+Health: the kind's HEALTH_PATH answers 200, then, for a router that registers its workers in
+the background (sglang-router), its WORKERS_PATH lists every replica healthy; all within
+`startup_timeout_s`. Start and stop go through ServerProcess: its own process group, killed
+with kvscope (PR_SET_PDEATHSIG), SIGTERM then SIGKILL, so no orphan.
 """
 
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
 from kvscope.config import RouterConfig
+from kvscope.engines import sglang_router, vllm_router
 from kvscope.engines.base import Launch
-from kvscope.engines.process import ServerProcess, require_free_port
-from kvscope.errors import ConfigError, EngineError, EngineNotInstalled
-
-PACKAGE = "vllm-router"
-VERSION = "0.1.17"  # the version the flags above were read from
-PROGRAM = "vllm-router"
-HEALTH_PATH = "/health"
-REQUEST_ID_HEADER = "x-request-id"
+from kvscope.engines.process import ServerProcess, require_free_port, tail
+from kvscope.errors import ConfigError, EngineError, EngineNotInstalled, EngineStartError
 
 
 @dataclass(frozen=True)
@@ -80,18 +39,50 @@ class Replica:
     kv_events_replay: str | None = None
 
 
+class RouterProgram(Protocol):
+    """What each router's module gives (engines.vllm_router, engines.sglang_router)."""
+
+    PACKAGE: str
+    VERSION: str
+    PROGRAM: str
+    INSTALL: str
+    HEALTH_PATH: str
+    WORKERS_PATH: str | None
+
+    def arguments(
+        self,
+        config: RouterConfig,
+        replicas: Sequence[Replica],
+        block_size: int | None,
+        model: str | None,
+    ) -> list[str]: ...
+
+    def registered(self, listing: Any, urls: Sequence[str]) -> bool: ...
+
+
+PROGRAMS: dict[str, RouterProgram] = {
+    "vllm-router": vllm_router,
+    "sglang-router": sglang_router,
+}
+
+
+def program_of(config: RouterConfig) -> RouterProgram:
+    return PROGRAMS[config.kind]
+
+
 def executable(config: RouterConfig) -> str:
     """The router program: configured, else next to kvscope's Python, else on PATH."""
     if config.executable:
         return config.executable
-    beside = Path(sys.executable).parent / PROGRAM
+    kind = program_of(config)
+    beside = Path(sys.executable).parent / kind.PROGRAM
     if beside.exists():
         return str(beside)
-    found = shutil.which(PROGRAM)
+    found = shutil.which(kind.PROGRAM)
     if found is None:
         raise EngineNotInstalled(
-            f"{PROGRAM} is not installed: pip install 'kvscope[router]' (or pip install "
-            f"{PACKAGE}=={VERSION}), or set deployment.router.executable"
+            f"{kind.PROGRAM} is not installed: {kind.INSTALL} (or pip install "
+            f"{kind.PACKAGE}=={kind.VERSION}), or set deployment.router.executable"
         )
     return found
 
@@ -112,44 +103,14 @@ def launch(
     model: str | None = None,
     program: str | None = None,
 ) -> Launch:
-    """The exact command that starts the router in front of `replicas` (`program`: the router
-    executable, default `executable(config)`). kv_aware needs every replica's KV event endpoint
-    and the engine's block size."""
-    if config.kind != "vllm-router":
-        raise ConfigError(f"router kind {config.kind}: kvscope launches vllm-router only (attach)")
+    """The exact command that starts the router of `config.kind` in front of `replicas`
+    (`program`: the router executable, default `executable(config)`); extra_args last."""
     if config.url:
         raise ConfigError("deployment.router.url: an attached router is not launched")
     if not replicas:
         raise ConfigError("a router needs at least one replica")
-    argv = [
-        program or executable(config),
-        "--host", config.host,
-        "--port", str(config.port),
-        "--policy", config.policy,
-        "--worker-urls", *(r.base_url for r in replicas),
-        "--prometheus-host", config.host,
-        "--prometheus-port", str(config.metrics_port),
-        "--request-id-headers", REQUEST_ID_HEADER,
-        "--worker-startup-check-interval", "1",
-        "--worker-startup-timeout-secs", str(max(1, round(config.startup_timeout_s))),
-        "--log-level", "info",
-    ]  # fmt: skip
-    if config.policy == "kv_aware":
-        missing = [r.name for r in replicas if not r.kv_events]
-        if missing or block_size is None:
-            raise ConfigError(
-                "router policy kv_aware needs each replica's KV events and the block size "
-                f"(missing events: {', '.join(missing) or 'none'}; block size: {block_size})"
-            )
-        for r in replicas:
-            argv += ["--kv-event-source", f"{r.base_url}={r.kv_events}"]
-            if r.kv_events_replay:
-                argv += ["--kv-event-replay-source", f"{r.base_url}={r.kv_events_replay}"]
-        argv += ["--kv-event-block-size", str(block_size)]
-        if model:
-            argv += ["--kv-event-model", model]
-    argv += list(config.extra_args)
-    return Launch(tuple(argv))
+    flags = program_of(config).arguments(config, replicas, block_size, model)
+    return Launch((program or executable(config), *flags, *config.extra_args))
 
 
 @dataclass
@@ -166,23 +127,67 @@ class RunningRouter:
             self.process.stop()
 
 
-def start(config: RouterConfig, command: Launch | None, log_path: Path) -> RunningRouter:
-    """Start the router (`command`, from `launch`) and wait for /health; None: attach to
-    config.url. On any failure, Ctrl-C included, a started router is stopped before raising."""
+def start(
+    config: RouterConfig,
+    command: Launch | None,
+    log_path: Path,
+    worker_urls: Sequence[str] = (),
+) -> RunningRouter:
+    """Start the router (`command`, from `launch`) and wait until it is healthy with every one
+    of `worker_urls` registered; None: attach to config.url. On any failure, Ctrl-C included, a
+    started router is stopped before raising."""
+    kind = program_of(config)
     url, metrics = base_url(config), metrics_url(config)
     if command is None:
         try:
-            httpx.get(url + HEALTH_PATH, timeout=10).raise_for_status()
+            httpx.get(url + kind.HEALTH_PATH, timeout=10).raise_for_status()
         except httpx.HTTPError as err:
-            raise EngineError(f"cannot reach the router at {url}{HEALTH_PATH}: {err}") from None
+            raise EngineError(
+                f"cannot reach the router at {url}{kind.HEALTH_PATH}: {err}"
+            ) from None
         return RunningRouter(config, url, metrics, None, None, None)
     require_free_port(config.host, config.port, "router HTTP")
     require_free_port(config.host, config.metrics_port, "router metrics")
     proc = ServerProcess(command.argv, dict(command.env), log_path)
     proc.start()
     try:
-        waited = proc.wait_healthy(url + HEALTH_PATH, config.startup_timeout_s, PROGRAM)
+        waited = proc.wait_healthy(url + kind.HEALTH_PATH, config.startup_timeout_s, kind.PROGRAM)
+        if kind.WORKERS_PATH and worker_urls:
+            waited += _wait_registered(
+                proc, kind, url + kind.WORKERS_PATH, worker_urls, config.startup_timeout_s - waited
+            )
     except BaseException:
         proc.stop()
         raise
     return RunningRouter(config, url, metrics, command, proc, waited)
+
+
+def _wait_registered(
+    proc: ServerProcess, kind: RouterProgram, url: str, workers: Sequence[str], timeout_s: float
+) -> float:
+    """Poll the router's worker list until every one of `workers` is in it, healthy."""
+    start = time.monotonic()
+    listing: Any = None
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            code = proc.exit_code()
+            if code is not None:
+                raise EngineStartError(
+                    f"{kind.PROGRAM} exited with code {code} before registering its workers "
+                    f"(full log: {proc.log_path})",
+                    tail(proc.log_path),
+                )
+            try:
+                listing = client.get(url).json()
+            except (httpx.HTTPError, ValueError):
+                listing = None
+            if kind.registered(listing, workers):
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout_s:
+                raise EngineStartError(
+                    f"{kind.PROGRAM} did not register every replica ({', '.join(workers)}) "
+                    f"within the startup timeout; its {url} said: {str(listing)[:300]} "
+                    f"(full log: {proc.log_path})",
+                    tail(proc.log_path),
+                )
+            time.sleep(0.5)
