@@ -75,8 +75,9 @@ def test_streamed_sdk_call_is_one_row_and_the_app_sees_the_same_stream(rows: Row
     assert r.prefill_ms == USAGE["metrics"]["time_to_first_token_ms"]
     assert r.decode_ms == USAGE["metrics"]["generation_time_ms"]
     assert r.agent_id is None and r.workflow_run_id is None  # outside any graph: still a row
-    _, body, _ = stub.received[-1]
+    _, body, headers = stub.received[-1]
     assert body["request_id"] == r.request_uuid == body["session_id"]
+    assert headers["x-request-id"] == r.request_uuid  # what a router forwards
     assert body["stream_options"] == {"include_usage": True}
     assert body["top_k"] == 3 and body["messages"] == HI  # the app's own fields kept
 
@@ -209,6 +210,10 @@ def test_sglang_tags_join_the_app_headers(rows: Rows) -> None:
     assert headers["x-app"] == "1"
     assert body["rid"] == "mine"  # the app's own field wins
     assert body["session_id"] == rows[0].request_uuid and rows[0].agent_id == "planner"
+    with intercepting(rows, engine):  # no agent named: no (empty) agent label
+        sdk(stub).chat.completions.create(model="m", messages=HI)
+    _, body, headers = stub.received[-1]
+    assert "x-custom-labels" not in headers and body["rid"] == rows[1].request_uuid
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,10 @@ RATIOS = frozenset({"kv_usage", "cache_hit_rate"})
 LATENCIES = ("ttft_seconds", "e2e_seconds", "queue_seconds", "prefill_seconds", "decode_seconds")
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
+# The header that names a request across hops: vLLM takes it as the request id (before the body's
+# request_id), and both routers forward it (their --request-id-headers).
+REQUEST_ID_HEADER = "x-request-id"
+
 
 @dataclass(frozen=True)
 class Endpoints:

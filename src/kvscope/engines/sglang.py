@@ -159,8 +159,11 @@ class SglangEngine(Engine):
         # rid is echoed as the response id and joins the export file and request logs;
         # session_id reaches BlockStored events: the request_uuid there attributes each stored
         # block to its request. Never extra_key/cache_salt: they split the tree.
+        body = {"rid": request_uuid, "session_id": request_uuid}
+        if not agent_id:  # no agent named: no label (never an empty one)
+            return body, {}
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
-        return {"rid": request_uuid, "session_id": request_uuid}, {LABEL_HEADER: labels}
+        return body, {LABEL_HEADER: labels}
 
     # prompt_ids_fields stays {}: nothing in the recorded SGLang 0.5.23 replies
     # (tests/fixtures/sglang-0.5.23) shows prompt ids on its OpenAI endpoints, so its rows take

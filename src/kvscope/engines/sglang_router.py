@@ -56,10 +56,9 @@ calls of 266 prompt tokens, header x-request-id and body request_id = a uuid):
   carry no session_id (finalize.replicas.from_kv_events places nothing), and a replica's log
   names the call only where the call carried an x-request-id header (vLLM then takes it as the
   request id: `Added request chatcmpl-<x-request-id>-<8 hex>`, all calls placed by from_logs).
-  kvscope's probe tags a vLLM call in the body only (VllmEngine.request_tags: no header), so
-  behind this router a captured call's replica stays None until the probe also sends its
-  request_uuid as x-request-id (tests/integration/test_sglang_router.py: a call with the body
-  field alone is placed nowhere).
+  kvscope's probe therefore sends the request_uuid as the x-request-id header too
+  (VllmEngine.request_tags; tests/integration/test_sglang_router.py: a call with the body field
+  alone is placed nowhere).
 - The reply tells no replica: headers are the replica's plus x-request-id echoed and CORS ones.
   At --log-level debug the router logs `Sending request url=<worker URL>` in the call's span
   (`request_id="<x-request-id>"`); at info only the start and end of each call.
@@ -80,6 +79,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvscope.config import RouterConfig
+from kvscope.engines.base import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
     from kvscope.engines.router import Replica
@@ -90,7 +90,6 @@ PROGRAM = "sglang-router"  # also installed as `smg` and `amg`
 INSTALL = "pip install 'kvscope[sglang-router]'"
 HEALTH_PATH = "/readiness"  # 503 until a worker is registered (/health: 200 at once)
 WORKERS_PATH: str | None = "/workers"  # then wait for every replica there
-REQUEST_ID_HEADER = "x-request-id"
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # policy manual: calls with one key stay on one worker
 SHUTDOWN_GRACE_S = 10
 

@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
 from kvscope.engines import auth, model, vllm_ids
-from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
+from kvscope.engines.base import REQUEST_ID_HEADER, Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
 from kvscope.engines.install import Report, dist_versions, ensure_venv, installed_spec, venv_python
 from kvscope.engines.process import require_free_port
@@ -201,7 +201,11 @@ class VllmEngine(Engine):
     ) -> tuple[dict[str, Any], dict[str, str]]:
         # request_id becomes the response id ("chatcmpl-<id>"); session_id reaches BlockStored,
         # so each stored block names the request that stored it (vLLM uses it for nothing else).
-        return {"request_id": request_uuid, "session_id": request_uuid}, {}
+        # The same id as the x-request-id header (vLLM prefers it to the body's): a router that
+        # rebuilds the body (sglang-router) forwards the header, so the replica's log names the
+        # call (finalize.replicas). An app's own x-request-id header is kept (probe/intercept).
+        body = {"request_id": request_uuid, "session_id": request_uuid}
+        return body, {REQUEST_ID_HEADER: request_uuid}
 
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return vllm_ids.request_fields(body)

@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvscope.config import RouterConfig
+from kvscope.engines.base import REQUEST_ID_HEADER
 from kvscope.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ PROGRAM = "vllm-router"
 INSTALL = "pip install 'kvscope[router]'"
 HEALTH_PATH = "/health"  # 200 only once every worker answered its /health
 WORKERS_PATH: str | None = None  # nothing more to wait for once /health answers
-REQUEST_ID_HEADER = "x-request-id"
 
 
 def arguments(

@@ -1,7 +1,7 @@
 """Which replica served each call behind a router, read from what the replicas themselves wrote.
 
 vllm-router 0.1.17 names no worker in its reply (no header, no body field) and logs no routing
-decision per request at info level (seen with bench/router_probe.py, see engines/router.py), so
+decision per request at info level (seen with bench/router_probe.py, see engines/vllm_router.py), so
 kvscope asks the replicas: a vLLM replica started with `--enable-log-requests` logs
 `Added request chatcmpl-<id>-<8 hex>.` for every request it schedules, where <id> is the
 request's X-Request-Id header or its `request_id` body field (kvscope sends its request_uuid in

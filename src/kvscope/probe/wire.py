@@ -101,9 +101,8 @@ class InFlight:
     ) -> None:
         self.ctx, self.engine, self.ident = ctx, engine, ident
         self.request_uuid = str(uuid.uuid4())
+        # agent "": a call no agent is named for (the engine then sends no agent label)
         tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
-        if ident.agent_id is None:
-            self.headers = {}
         self.sent = body  # the app's own body, for the trace payload
         added = {k: v for k, v in engine.prompt_ids_fields(body).items() if k not in body}
         self.body = {**tags, **body, **added}
