@@ -147,6 +147,7 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "routing (replicas behind the router)" in result.stdout
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("router-")]
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)

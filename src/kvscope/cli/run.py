@@ -143,6 +143,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
                          _n(v.get("ttft_mean_ms")), _n(v.get("e2e_mean_ms")))  # fmt: skip
         console.print(view)
     _print_kv(outcome)
+    _print_routing(outcome)
     if a.provenance:
         console.print("where each agent's prompt tokens came from (KV events):")
         console.print(rich_table(provenance_table(a)))
@@ -203,6 +204,32 @@ def _print_where(outcome: "RunOutcome") -> None:
     else:
         extra = "" if run_dir.parent.name == "runs" else f" --runs-dir {run_dir.parent}"
         console.print(f"browse: kvscope ui{extra}")
+
+
+def _print_routing(outcome: "RunOutcome") -> None:
+    """A deployment's run: per agent, where its calls went and what routing cost it."""
+    from kvscope.analysis import routing
+
+    rows = outcome.analysis.requests.to_pylist()
+    if not any(r.get("replica") for r in rows):
+        return  # one engine
+    view = Table(title="routing (replicas behind the router)", title_justify="left")
+    for i, head in enumerate(("agent", "calls", "on its top replica", "affinity",
+                              "routing-miss tokens", "of prompt")):  # fmt: skip
+        view.add_column(head, justify="left" if i == 0 else "right")
+    misses = {m.group: m for m in routing.routing_by_agent(rows)}
+    for aff in routing.affinity(rows):
+        m = misses.get(aff.agent_id or "none")
+        view.add_row(
+            aff.agent_id or "none", str(aff.calls), f"{aff.top_calls} on {aff.top_replica}",
+            _pct(aff.affinity), _n(m.routing_miss_tokens if m else None),
+            _pct(m.routing_miss_share if m else None),
+        )  # fmt: skip
+    console.print(view)
+
+
+def _pct(value: float | None) -> str:
+    return "null" if value is None else f"{value:.1%}"
 
 
 def _print_kv(outcome: "RunOutcome") -> None:
