@@ -172,7 +172,7 @@ def routing_by_agent(rows: Sequence[Row]) -> list[RoutingSum]:
     """Per agent (agent_order) the routing-miss totals."""
     key = agent_key(agent_order(rows))
     agents = sorted({r.get("agent_id") for r in rows}, key=key)
-    return [_sum(a or "none", [r for r in rows if r.get("agent_id") == a]) for a in agents]
+    return [routing_sum(a or "none", [r for r in rows if r.get("agent_id") == a]) for a in agents]
 
 
 def routing_by_transition(rows: Sequence[Row]) -> list[RoutingSum]:
@@ -186,10 +186,10 @@ def routing_by_transition(rows: Sequence[Row]) -> list[RoutingSum]:
         return (edge[0] is not None, key(edge[0]), key(edge[1]))
 
     edges = sorted(groups, key=order)
-    return [_sum(transition_label(p, str(a)), groups[(p, a)]) for p, a in edges]
+    return [routing_sum(transition_label(p, str(a)), groups[(p, a)]) for p, a in edges]
 
 
-def _sum(group: str, rows: list[Row]) -> RoutingSum:
+def routing_sum(group: str, rows: list[Row]) -> RoutingSum:
     got = [(r, m) for r in rows if (m := r.get(MISS)) is not None and _measured(r)]
 
     def total(values: Iterable[int]) -> int | None:

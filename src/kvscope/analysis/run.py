@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis import evictions, latency, provenance, transitions, turns
+from kvscope.analysis import evictions, latency, provenance, routing, transitions, turns
 from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
@@ -130,6 +130,21 @@ class RunAnalysis:
             }
             if self.blocks is not None
             else None,
+        } | self.routing_summary()
+
+    def routing_summary(self) -> dict[str, Any]:
+        """{"routing": ...} for a deployment's run (a row has a replica); {} for one engine."""
+        rows = self.requests.to_pylist()
+        if not any(r.get("replica") for r in rows):
+            return {}
+        return {
+            "routing": {
+                "unplaced_calls": sum(r.get("replica") is None for r in rows),
+                "per_agent_replica": [asdict(x) for x in routing.per_agent_replica(rows)],
+                "affinity": [asdict(x) for x in routing.affinity(rows)],
+                "by_agent": [asdict(x) for x in routing.routing_by_agent(rows)],
+                "by_transition": [asdict(x) for x in routing.routing_by_transition(rows)],
+            }
         }
 
 

@@ -57,6 +57,7 @@ def analyze(
     from kvscope.report import run_sections
     from kvscope.report.compare_sections import cross_run_sections
     from kvscope.report.pages import analyze_runs
+    from kvscope.report.routing_section import routing_section
     from kvscope.report.terminal import print_section
 
     refs, chosen = split_args(runs, rq)
@@ -69,6 +70,9 @@ def analyze(
         for n in (n for n in chosen if n in PER_RUN):
             for key in PER_RUN[n]:  # the section builders of run_sections, by name
                 section = getattr(run_sections, key)(d)
+                print_section(console, section, d.label if len(data) > 1 else "")
+        if 2 in chosen:  # a deployment's run: which transitions routing cost (RQ2's causes)
+            for section in routing_section(d):
                 print_section(console, section, d.label if len(data) > 1 else "")
     if any(n in CROSS_RUN for n in chosen):
         cross = {s.key: s for s in cross_run_sections(data)}

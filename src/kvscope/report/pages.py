@@ -15,8 +15,9 @@ from kvscope.errors import KvscopeError
 from kvscope.records.run_dir import REPORT_HTML
 from kvscope.report.compare_sections import cross_run_sections, run_labels
 from kvscope.report.compare_turns import turns_section
+from kvscope.report.routing_section import routing_compare
 from kvscope.report.run_sections import run_sections
-from kvscope.report.table import NULL
+from kvscope.report.table import NULL, Section
 
 
 @cache
@@ -57,12 +58,20 @@ def compare_report(run_dirs: list[Path], out: Path) -> Path:
     if not run_dirs:
         raise KvscopeError("compare needs at least one run directory")
     data = analyze_runs(run_dirs)
-    per_run = [run_sections(d) for d in data]
-    rows = [[sections[i] for sections in per_run] for i in range(len(per_run[0]))]
+    per_run = [{s.key: s for s in run_sections(d)} for d in data]
+    keys = list(dict.fromkeys(k for sections in per_run for k in sections))  # first seen first
+    rows = [[sections.get(k) or _absent(k, per_run) for sections in per_run] for k in keys]
     html = _env().get_template("compare.html").render(
         title=f"{len(data)} runs compared", labels=[d.label for d in data], rows=rows,
-        cross=[*cross_run_sections(data), *filter(None, [turns_section(data)])], null=NULL,
+        cross=[*cross_run_sections(data), *filter(None, [turns_section(data)]),
+               *routing_compare(data)], null=NULL,
     )  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")
     return out
+
+
+def _absent(key: str, per_run: list[dict[str, Section]]) -> Section:
+    """A run without this section (no replay, one engine): its cell says so."""
+    title = next(s[key].title for s in per_run if key in s)
+    return Section(key, title, "Not in this run.")

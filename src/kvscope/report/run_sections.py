@@ -14,6 +14,7 @@ from kvscope.report import plots, sequences, timeline
 from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
 from kvscope.report.replay_section import replay_section
+from kvscope.report.routing_section import routing_section
 from kvscope.report.table import NULL, Column, Section, Table, facts, fmt, table
 
 
@@ -29,6 +30,7 @@ def run_sections(run: RunAnalysis) -> list[Section]:
         ttft(run),
         timeline_section(run),
         evictions(run),
+        *routing_section(run),  # a deployment's run: replicas behind a router
         *replay_section(run.run_dir),  # when `kvscope replay RUN` wrote replay.json
     ]
 

@@ -1,0 +1,63 @@
+"""The routing views of a deployment's run: summary.json, the report's section, `kvscope
+analyze`, and the compare report across runs. The run is test_finalize_replicas' hand-made
+two-replica run (test_routing's calls), finalized; its answers are worked out there.
+"""
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_finalize_replicas import write_run
+from typer.testing import CliRunner
+
+from kvscope.analysis.run import RunAnalysis, analyze_run
+from kvscope.cli import app
+from kvscope.finalize import finalize
+from kvscope.report.pages import compare_report
+from kvscope.report.routing_section import routing_compare, routing_section
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> RunAnalysis:
+    root = write_run(tmp_path_factory.mktemp("deployment"))
+    finalize(root)
+    return analyze_run(root)
+
+
+def test_summary_has_the_routing_of_a_deployment(run: RunAnalysis) -> None:
+    got = run.summary()["routing"]
+    assert got["unplaced_calls"] == 1  # G
+    by_agent = {a["group"]: a["routing_miss_tokens"] for a in got["by_agent"]}
+    # B (executor) 8 on r0; C (planner) 4; E (executor) 0; F failed; G unplaced
+    assert by_agent == {"planner": 4, "executor": 8, "reviewer": None}
+    by_edge = {t["group"]: t["routing_miss_tokens"] for t in got["by_transition"]}
+    assert by_edge["planner -> executor"] == 8 and by_edge["executor -> planner"] == 4
+    affinity = {a["agent_id"]: (a["top_replica"], a["affinity"]) for a in got["affinity"]}
+    assert affinity["planner"] == ("r0", 2 / 3)  # A, D on r0; C on r1
+    assert affinity["executor"] == ("r0", 0.5)  # B on r1, E on r0: the tie goes to r0
+    cells = {(x["agent_id"], x["replica"]): x["calls"] for x in got["per_agent_replica"]}
+    assert cells[("reviewer", None)] == 1 and cells[("reviewer", "r1")] == 1
+
+
+def text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub("<[^>]+>", " ", html))
+
+
+def test_the_report_and_analyze_show_it(run: RunAnalysis, tmp_path: Path) -> None:
+    (section,) = routing_section(run)
+    assert section.image is not None  # the load each replica carried
+    titles = [t.title for t in section.tables]
+    assert titles[0] == "per agent x replica" and len(titles) == 4
+    result = CliRunner().invoke(app, ["analyze", str(run.run_dir), "--rq", "2"])
+    assert result.exit_code == 0, result.output
+    assert "routing misses per transition" in result.output
+    assert "planner -> executor" in result.output
+    page = text(compare_report([run.run_dir, run.run_dir], tmp_path / "c.html").read_text())
+    assert "Routing across runs" in page
+
+
+def test_a_run_of_one_engine_has_no_routing(run: RunAnalysis, tmp_path: Path) -> None:
+    single = replace(run, requests=run.requests.drop_columns(["replica"]))
+    assert routing_section(single) == [] and routing_compare([single]) == []
+    assert "routing" not in single.summary()
