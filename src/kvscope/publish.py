@@ -184,8 +184,9 @@ def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, f
     out |= {
         f"server.{agent}.{k}": v for agent, view in a.server_agents.items() for k, v in view.items()
     }
+    out |= {f"server.replica.{r.name}.{k}": v for r in a.replicas for k, v in r.summary.items()}
     out |= {
-        f"reconcile.{r.counter}.difference": r.difference
+        f"reconcile.{r.replica + '.' if r.replica else ''}{r.counter}.difference": r.difference
         for r in a.reconciliation
         if r.difference is not None
     }

@@ -28,6 +28,9 @@ from kvscope.records.tokens import TOKENS_JSONL
 # G in none and stored nothing (unknown). F failed on r1.
 LOGGED = {"r0": ["D", "E"], "r1": ["B", "C", "F"]}
 USED = {"r0": 1000, "r1": 2000}  # each replica's kv_used_tokens, all run long
+# each replica's prompt and cached token counters at the end (0 at the start): r0 counted what
+# its calls A, D, E report (41, 20); r1 two cached tokens more than its B and C report (27, 8)
+COUNTED = {"r0": (41, 20), "r1": (27, 10)}
 
 
 def full(r: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +57,10 @@ def write_run(root: Path) -> Path:
         lines = [f"INFO Added request chatcmpl-{u}-0123abcd." for u in LOGGED[name]]
         (folder / ENGINE_LOG).write_text("\n".join(["INFO starting", *lines]) + "\n")
         with (folder / METRICS_JSONL).open("w") as f:
-            for ts in (-5, 100):
-                f.write(json.dumps({"ts": ts, "values": {"kv_used_tokens": USED[name]}}) + "\n")
+            for ts, (prompt, cached) in ((-5, (0, 0)), (100, COUNTED[name])):
+                values = {"kv_used_tokens": USED[name], "prompt_tokens_total": prompt,
+                          "cached_tokens_total": cached}  # fmt: skip
+                f.write(json.dumps({"ts": ts, "values": values}) + "\n")
     return root
 
 

@@ -61,3 +61,25 @@ def test_a_run_of_one_engine_has_no_routing(run: RunAnalysis, tmp_path: Path) ->
     single = replace(run, requests=run.requests.drop_columns(["replica"]))
     assert routing_section(single) == [] and routing_compare([single]) == []
     assert "routing" not in single.summary()
+
+
+def test_each_replica_has_its_own_server_side(run: RunAnalysis) -> None:
+    """No run-level series for a deployment: each replica's /metrics summary, and its counters
+    reconciled against the calls placed on it (r0: A, D, E; r1: B, C and the failed F)."""
+    assert [r.name for r in run.replicas] == ["r0", "r1"]
+    r0, r1 = run.replicas
+    assert r0.summary["kv_used_tokens_peak"] == 1000 and r1.summary["kv_used_tokens_peak"] == 2000
+    checks = {(c.replica, c.counter): c for c in run.reconciliation}
+    assert checks[("r0", "prompt_tokens_total")].exact is True  # 14 + 14 + 13
+    assert checks[("r0", "cached_tokens_total")].exact is True  # 0 + 12 + 8
+    assert checks[("r1", "prompt_tokens_total")].requests_sum == 27
+    assert checks[("r1", "prompt_tokens_total")].unmeasured_rows == 1  # F failed
+    assert checks[("r1", "cached_tokens_total")].difference == 2  # the engine counted 10, rows 8
+    assert run.server == {"hit_rate_from_counters": 30 / 68}  # summed over the replicas
+    assert "kv_used_tokens_peak" not in run.server  # two caches' use never added up
+    doc = run.summary()["server_replicas"]
+    assert doc["r1"]["summary"]["kv_used_tokens_peak"] == 2000
+    cached = [c for c in doc["r1"]["reconciliation"] if c["counter"] == "cached_tokens_total"]
+    assert cached[0]["difference"] == 2 and cached[0]["replica"] == "r1"
+    single = replace(run, replicas=[])
+    assert "server_replicas" not in single.summary()

@@ -1,7 +1,7 @@
 """Do kvscope's per-request numbers agree with the engine's own counters? Shown, never hidden."""
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # kvscope counter name -> the request-table column it should equal the sum of
@@ -14,6 +14,7 @@ class Reconciliation:
     requests_sum: int | None  # over the rows where the column was measured
     engine_delta: float | None  # the counter's increase over the run (resets handled)
     unmeasured_rows: int  # rows whose column is null (failed calls, engines that don't report)
+    replica: str | None = None  # a deployment's replica: its counters vs the calls it served
 
     @property
     def difference(self) -> float | None:
@@ -26,13 +27,22 @@ class Reconciliation:
         diff = self.difference
         return None if diff is None else diff == 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's entry: the fields and the difference; `replica` only for a replica."""
+        out = asdict(self) | {"difference": self.difference}
+        if self.replica is None:
+            del out["replica"]
+        return out
+
 
 def reconcile(
     rows: Sequence[dict[str, Any]],
     counters: dict[str, Sequence[float]],
     delta: Callable[[Iterable[float]], float | None],
+    replica: str | None = None,
 ) -> list[Reconciliation]:
-    """`counters`: each kvscope counter's values over the run, in time order."""
+    """`counters`: each kvscope counter's values over the run, in time order; `rows`: the calls
+    those counters counted (a replica's: the calls placed on it)."""
     out = []
     for counter, column in PAIRS.items():
         known = [r[column] for r in rows if r.get(column) is not None]
@@ -43,6 +53,7 @@ def reconcile(
                 requests_sum=sum(known) if known else None,
                 engine_delta=delta(values) if values else None,
                 unmeasured_rows=len(rows) - len(known),
+                replica=replica,
             )
         )
     return out

@@ -16,6 +16,12 @@ from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
 from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.analysis.server import (
+    ReplicaServer,
+    deployment_summary,
+    replica_servers,
+    server_summary,
+)
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.series import counter_delta
@@ -57,7 +63,8 @@ class RunAnalysis:
     series: Series  # kvscope's instant values over time
     scrape: ScrapeSummary | None  # the sampler's numbers; None when it wrote no series
     scrape_error: str | None  # the sampler's own failure, as the capture recorded it
-    server: dict[str, float]
+    server: dict[str, float]  # one engine's; a deployment's: what adds up over its replicas
+    replicas: list[ReplicaServer]  # a deployment's replicas, each its own /metrics; [] for one
     server_agents: dict[str, dict[str, float | None]]  # SGLang's `agent` metric label
     reconciliation: list[Reconciliation]
     time_split: list[TimeSplit]  # client / engine front end / core
@@ -109,28 +116,36 @@ class RunAnalysis:
 
     def summary(self) -> dict[str, Any]:
         """summary.json."""
-        return {
-            "status": self.run.get("status"),  # how the run ended (records/status.py)
-            "agents": [asdict(a) for a in self.agents],
-            "total": asdict(self.total),
-            "server": self.server,
-            "server_agents": self.server_agents,
-            "scrape_error": self.scrape_error,
-            "reconciliation": [
-                asdict(r) | {"difference": r.difference} for r in self.reconciliation
-            ],
-            "time_split": [t.to_dict() for t in self.time_split],
-            "predictability": self.predictability.summary(),
-            "kv_events": asdict(self.kv) if self.kv else None,
-            "evictions": {
-                "summary": self.eviction_summary(),
-                "matrix": self.evictions.to_pylist() if self.evictions is not None else [],
-                "by_transition": [asdict(t) for t in self.harm],
-                "residency": [asdict(r) for r in self.residency],
+        return (
+            {
+                "status": self.run.get("status"),  # how the run ended (records/status.py)
+                "agents": [asdict(a) for a in self.agents],
+                "total": asdict(self.total),
+                "server": self.server,
+                "server_agents": self.server_agents,
+                "scrape_error": self.scrape_error,
+                "reconciliation": [r.to_dict() for r in self.reconciliation],
+                "time_split": [t.to_dict() for t in self.time_split],
+                "predictability": self.predictability.summary(),
+                "kv_events": asdict(self.kv) if self.kv else None,
+                "evictions": {
+                    "summary": self.eviction_summary(),
+                    "matrix": self.evictions.to_pylist() if self.evictions is not None else [],
+                    "by_transition": [asdict(t) for t in self.harm],
+                    "residency": [asdict(r) for r in self.residency],
+                }
+                if self.blocks is not None
+                else None,
             }
-            if self.blocks is not None
-            else None,
-        } | self.routing_summary()
+            | self.routing_summary()
+            | self.replica_summary()
+        )
+
+    def replica_summary(self) -> dict[str, Any]:
+        """{"server_replicas": {name: ...}} for a deployment's run; {} for one engine."""
+        if not self.replicas:
+            return {}
+        return {"server_replicas": {r.name: r.to_dict() for r in self.replicas}}
 
     def routing_summary(self) -> dict[str, Any]:
         """{"routing": ...} for a deployment's run (a row has a replica); {} for one engine."""
@@ -164,6 +179,8 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
     block_rows = blocks.to_pylist() if blocks is not None else None
     fit = latency.fit_prefill_cost(table)
     counters = {name: [v for _, v in pts] for name, pts in series.items()}
+    servers = replica_servers(run_dir, rows)
+    checks = reconcile(rows, counters, counter_delta) if sampled else []
     order = agent_order(rows)
     return RunAnalysis(
         run_dir=run_dir,
@@ -185,27 +202,13 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
         series=series,
         scrape=metrics.read_gaps(gaps)[0] if gaps.exists() else None,
         scrape_error=(run.get("capture") or {}).get("scrape_error"),
-        server=server_summary(series),
+        server=deployment_summary(servers) if servers else server_summary(series),
+        replicas=servers,
         server_agents=per_agent_server(metric_rows),
-        reconciliation=reconcile(rows, counters, counter_delta) if sampled else [],
+        reconciliation=[c for s in servers for c in s.reconciliation] if servers else checks,
         time_split=time_split(rows, metric_rows),
         blocks=block_rows,
         evictions=evictions.matrix(blocks, order) if blocks is not None else None,
         harm=evictions.by_transition(block_rows) if block_rows is not None else [],
         residency=evictions.residency(block_rows, order) if block_rows is not None else [],
     )
-
-
-def server_summary(series: Series) -> dict[str, float]:
-    """Run-level /metrics summaries: peak and mean KV use, mean queue, hit rate from counters."""
-    out: dict[str, float] = {}
-    for name in ("kv_used_tokens", "kv_usage", "running_requests", "queued_requests"):
-        values = [v for _, v in series.get(name, ())]
-        if values:
-            out[f"{name}_peak"] = max(values)
-            out[f"{name}_mean"] = sum(values) / len(values)
-    prompt = counter_delta(v for _, v in series.get("prompt_tokens_total", ()))
-    cached = counter_delta(v for _, v in series.get("cached_tokens_total", ()))
-    if prompt and cached is not None:
-        out["hit_rate_from_counters"] = cached / prompt
-    return out

@@ -124,10 +124,13 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
     if w.unparsed_verdicts and verdicts:
         console.print(f"{w.unparsed_verdicts} routing decision(s) / verdict(s) could not be "
                       "parsed (model loop: treated as REVISE; dynamic: ended)")  # fmt: skip
-    if a.scrape is not None:
-        sc, peak = a.scrape, a.server.get("kv_used_tokens_peak")
+    scrapes = [(f"{r.name} ", r.scrape, r.summary) for r in a.replicas]
+    for who, sc, server in scrapes or [("", a.scrape, a.server)]:
+        if sc is None:
+            continue
+        peak = server.get("kv_used_tokens_peak")
         console.print(
-            f"/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
+            f"{who}/metrics: {sc.scrapes} samples ({sc.samples_per_s:.1f}/s, {sc.errors} gaps)"
             + (f", KV used peak {peak:,.0f} tokens" if peak is not None else "")
         )
     if a.scrape_error:
@@ -168,7 +171,8 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
         else:
             verdict = f"[red]differs by {r.difference:+,.0f}[/]"
         console.print(
-            f"reconcile {r.counter}: requests {_n(r.requests_sum)} vs engine "
+            f"reconcile {r.replica + ' ' if r.replica else ''}{r.counter}: "
+            f"requests {_n(r.requests_sum)} vs engine "
             f"{_n(r.engine_delta)}: {verdict}"
             + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
         )
