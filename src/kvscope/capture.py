@@ -41,7 +41,7 @@ from kvscope import environment
 from kvscope.collect.kv_events import KvEventListener
 from kvscope.collect.scraper import MetricsScraper
 from kvscope.config import ExperimentConfig, as_dict, config_hash
-from kvscope.engines import ENGINES, METRIC_FAMILIES, auth, make_engine
+from kvscope.engines import ENGINES, METRIC_FAMILIES, auth, make_engine, speaking_as
 from kvscope.engines.base import Capabilities, Engine
 from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache
@@ -85,6 +85,8 @@ class CaptureSession:
         self.run_id, self.run_dir = files.new_run(runs_dir, cfg.name)
         (self.run_dir / files.CONFIG_YAML).write_text(yaml.safe_dump(as_dict(cfg), sort_keys=False))
         self.engine: Engine = make_engine(cfg.engine)
+        # whose request tags and cache reset the calls use: an attached server's detected family
+        self.wire: Engine = self.engine
         self.tracking: TrackingRun | None = None  # set once the MLflow run is open
         self.offline: str | None = None  # why there is no MLflow run (the run is kept locally)
         self._measuring = False
@@ -139,14 +141,16 @@ class CaptureSession:
     def intercept(self) -> Interceptor:
         """Capture this process's calls to the engine while the returned context is entered."""
         assert self._streams is not None and self.base_url is not None
-        return Interceptor(self.engine, self.base_url, self.context, on_tool=self._streams.tool)
+        return Interceptor(self.wire, self.base_url, self.context, on_tool=self._streams.tool)
 
     def child_env(self) -> dict[str, str]:
         """Environment additions that make a Python program capture its calls into this session
         (probe/child.py) and find the engine (OPENAI_BASE_URL, OPENAI_API_KEY, KVSCOPE_MODEL)."""
         assert self.base_url is not None and self.model is not None
         model_dir = self.engine.model_facts().get("path")
-        spec = child.ChildSpec.of(self.context, self.cfg, self.run_dir, self.base_url, model_dir)
+        spec = child.ChildSpec.of(
+            self.context, self.cfg, self.wire.config, self.run_dir, self.base_url, model_dir
+        )
         t = self.tracking
         key = auth.api_key(self.cfg.engine.api_key_env)
         return child.environment(
@@ -174,6 +178,7 @@ class CaptureSession:
         stage("detecting engine capabilities")
         keyed = auth.headers(cfg.engine.api_key_env)
         caps = detect(handle.endpoints, METRIC_FAMILIES, headers=keyed)
+        self.wire = speaking_as(self.engine, caps.family)
         facts = _runtime_facts(caps, handle, keyed)
         env = environment.collect(
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts
@@ -299,7 +304,7 @@ class CaptureSession:
         notes = []
         for cache in target.caches:
             try:
-                note = reset_cache(self.engine, cache.handle.endpoints.base_url)
+                note = reset_cache(self.wire, cache.handle.endpoints.base_url)
             except EngineError as err:
                 note = f"not reset: {err}"
             if note:

@@ -72,8 +72,6 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
-        if self.kind == "attach" and not self.url:
-            raise ValueError("engine kind 'attach' needs `url` (the running server's base URL)")
         if self.kind == "vllm" and self.eviction_policy != "lru":
             raise ValueError("vLLM's prefix cache evicts by LRU only: eviction_policy must be lru")
         if self.kind == "vllm" and self.hierarchical_cache:
@@ -219,7 +217,16 @@ class ExperimentConfig(BaseModel):
     def _check_deployment(self) -> "ExperimentConfig":
         if self.deployment is not None:
             self.deployment.check_with(self.engine)
+        else:
+            check_attach_url(self.engine)
         return self
+
+
+def check_attach_url(engine: EngineConfig) -> None:
+    """One attached engine needs its URL (a deployment's attached replicas have theirs in
+    deployment.replica_urls instead)."""
+    if engine.kind == "attach" and not engine.url:
+        raise ValueError("engine kind 'attach' needs `url` (the running server's base URL)")
 
 
 def parse_experiment(data: dict[str, Any], source: str = "config") -> ExperimentConfig:
@@ -244,10 +251,16 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def parse_engine(data: dict[str, Any], source: str = "config") -> EngineConfig:
+    """One engine on its own (never a deployment's replicas)."""
     try:
-        return EngineConfig.model_validate(data)
+        engine = EngineConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"{source}: {one_line(err)}") from None
+    try:
+        check_attach_url(engine)
+    except ValueError as err:
+        raise ConfigError(f"{source}: engine: {err}") from None
+    return engine
 
 
 def one_line(err: ValidationError, whole: str = "engine") -> str:

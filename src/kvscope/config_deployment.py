@@ -20,6 +20,8 @@ class EngineFields(Protocol):
     def kv_events_port(self) -> int: ...
     @property
     def kv_events(self) -> bool: ...
+    @property
+    def url(self) -> str | None: ...
 
 
 RouterKind = Literal["vllm-router", "sglang-router"]
@@ -91,6 +93,11 @@ class DeploymentConfig(BaseModel):
         """What depends on the engine section; ValueError names the field."""
         r = self.router
         if engine.kind == "attach":
+            if engine.url:
+                raise ValueError(
+                    "engine.url: a deployment's attached replicas are deployment.replica_urls "
+                    "and its router deployment.router.url"
+                )
             if len(self.replica_urls) != self.replicas:
                 raise ValueError(
                     f"engine kind attach: deployment.replica_urls needs one URL per replica "

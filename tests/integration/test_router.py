@@ -165,3 +165,55 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     assert sum(s["value"] for s in processed) == 8  # the router's own count of the calls
     ports = [base_port, base_port + 5, base_port + 10, base_port + 15, base_port + 18]
     assert [p for p in ports if not port_free("127.0.0.1", p)] == []
+
+
+def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
+    """Replicas and router started outside the run, as a user's own deployment is; the run
+    attaches (engine kind attach, deployment.replica_urls / kv_events_endpoints, router.url).
+    Detection names the replicas vLLM, so the calls carry kvscope's request and session ids;
+    with no replica log in the run, each call is placed by the session_id of the blocks it
+    stored on its replica's KV event stream. The attached processes are left running."""
+    base_port = free_port(20)
+    engine = EngineConfig(
+        port=base_port, kv_events_port=base_port + 10, kv_capacity_tokens=4096,
+        startup_timeout_s=400,
+    )  # fmt: skip
+    r = RouterConfig(
+        policy="round_robin", port=base_port + 18, metrics_port=base_port + 19,
+        executable=program(),
+    )  # fmt: skip
+    dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
+    cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
+    cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
+    cfg["runs_dir"] = str(tmp_path / "runs")
+    with deployment.running(dep, engine, tmp_path / "deployment") as running:
+        assert running.router is not None
+        handles = list(running.replicas.values())
+        cfg["engine"] = {"kind": "attach"}
+        cfg["deployment"] = {
+            "replicas": 2,
+            "replica_urls": [h.endpoints.base_url for h in handles],
+            "kv_events_endpoints": [h.endpoints.kv_events for h in handles],
+            "router": {"policy": "round_robin", "url": running.router.base_url,
+                       "metrics_url": running.router.metrics_url},
+        }  # fmt: skip
+        path = tmp_path / "attached.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        result = subprocess.run(
+            [*KVSCOPE, "run", str(path)], capture_output=True, text=True, timeout=900,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        for h in [*handles, running.router]:  # attached: not stopped by the run
+            assert h.process is not None and h.process.exit_code() is None
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("router-")]
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    assert all(r["prompt_token_source"] == "engine" for r in rows)  # vLLM's own ids
+    assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, by KV events
+    missed = [r for r in rows if r["routing_miss_tokens"]]
+    assert missed and all(r["routing_miss_replica"] not in (None, r["replica"]) for r in missed)
+    assert not (replica_dir(run_dir, "r0") / ENGINE_LOG).exists()  # no log: events placed them
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["launch_commands"] == {"r0": None, "r1": None, "router": None}
+    assert run["cache_reset"] == "emptied before the workload"  # each replica, as vLLM's

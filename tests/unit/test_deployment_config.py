@@ -46,7 +46,7 @@ def test_a_deployment_parses_and_changes_the_hash() -> None:
 def test_attached_replicas() -> None:
     cfg = parse_experiment(
         {
-            "engine": {"kind": "attach", "url": "http://10.0.0.1:30000"},
+            "engine": {"kind": "attach"},
             "deployment": {
                 "replicas": 2,
                 "router": {"url": "http://10.0.0.1:30000", "policy": "kv_aware"},
@@ -101,20 +101,38 @@ def test_attach_needs_one_url_per_replica() -> None:
     with pytest.raises(ConfigError, match="one URL per replica"):
         parse_experiment(
             {
-                "engine": {"kind": "attach", "url": "http://r:1"},
+                "engine": {"kind": "attach"},
                 "deployment": {"replicas": 2, "replica_urls": ["http://a:1"]},
             }
         )
     with pytest.raises(ConfigError, match="kv_aware on attached replicas"):
         parse_experiment(
             {
-                "engine": {"kind": "attach", "url": "http://r:1"},
+                "engine": {"kind": "attach"},
                 "deployment": {
                     "replica_urls": ["http://a:1", "http://b:1"],
                     "router": {"policy": "kv_aware"},
                 },
             }
         )
+
+
+def test_attach_url_is_one_engine_s_own() -> None:
+    """One attached engine needs `engine.url`; an attached deployment names its replicas in
+    deployment.replica_urls, and an engine.url there (which would be ignored) is refused."""
+    with pytest.raises(ConfigError, match="needs `url`"):
+        parse_experiment({"engine": {"kind": "attach"}})
+    with pytest.raises(ConfigError, match=r"engine\.url: a deployment's attached replicas"):
+        parse_experiment(
+            {
+                "engine": {"kind": "attach", "url": "http://r:1"},
+                "deployment": {"replica_urls": ["http://a:1", "http://b:1"]},
+            }
+        )
+    cfg = parse_experiment(
+        {"engine": {"kind": "attach"}, "deployment": {"replica_urls": ["http://a:1", "http://b:1"]}}
+    )  # replicas attached, the router launched by kvscope in front of them
+    assert cfg.deployment is not None and cfg.deployment.router.url is None
 
 
 def test_kv_aware_needs_kv_events() -> None:

@@ -183,7 +183,7 @@ def test_a_single_engine_keeps_its_own_kv_events_socket() -> None:
 def test_attached_replicas_are_named_by_url() -> None:
     cfg = parse_experiment(
         {
-            "engine": {"kind": "attach", "url": "http://h:30000"},
+            "engine": {"kind": "attach"},
             "deployment": {
                 "router": {"url": "http://h:30000"},
                 "replica_urls": ["http://a:8000", "http://b:8000"],

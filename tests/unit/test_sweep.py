@@ -425,6 +425,16 @@ def test_reset_retries_until_vllm_says_success(monkeypatch: pytest.MonkeyPatch) 
         runtime.reset_cache(make_engine(cfg), "http://127.0.0.1:8200", attempts=2)
     note = reset_prefix_cache(EngineConfig(kind="attach", url="http://gpu:30000"))
     assert note is not None and "not reset" in note
+    urls.clear()
+
+    def missing(url: str, **_: Any) -> httpx.Response:  # vLLM without VLLM_SERVER_DEV_MODE
+        urls.append(url)
+        return httpx.Response(404, text="Not Found")
+
+    monkeypatch.setattr(runtime.httpx, "post", missing)
+    with pytest.raises(EngineError, match="answers 404: no reset endpoint"):
+        runtime.reset_cache(make_engine(cfg), "http://127.0.0.1:8200", attempts=5)
+    assert len(urls) == 1  # a missing route is final: not retried
 
 
 # --- the command -------------------------------------------------------------------------------

@@ -122,6 +122,9 @@ def reset_cache(engine: Engine, base_url: str, attempts: int = 20) -> str | None
             reply = httpx.post(url, timeout=30, headers=auth.headers(engine.config.api_key_env))
             if reply.status_code == 200 and engine.cache_reset_ok(reply):
                 return None
+            if reply.status_code in (404, 405):  # no such route (vLLM without dev mode): final
+                why = f"{url} answers {reply.status_code}: no reset endpoint on this server"
+                raise EngineError(f"could not empty the prefix cache: {why}")
             last = f"HTTP {reply.status_code} {reply.text[:200]}"
         except httpx.HTTPError as err:
             last = str(err)

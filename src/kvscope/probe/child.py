@@ -48,6 +48,7 @@ class ChildSpec:
         cls,
         ctx: CallContext,
         cfg: ExperimentConfig,
+        engine: EngineConfig,
         run_dir: Path,
         base_url: str,
         model_dir: str | None,
@@ -56,7 +57,7 @@ class ChildSpec:
         store = cfg.app.store_prompts if cfg.app else cfg.workload.store_prompts
         return cls(
             run,
-            cfg.engine.model_dump(mode="json"),
+            engine.model_dump(mode="json"),
             base_url,
             str(run_dir),
             model_dir,
