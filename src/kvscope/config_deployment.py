@@ -56,6 +56,23 @@ class RouterConfig(BaseModel):
     executable: str | None = Field(
         None, description="The router's program; None = the one next to kvscope's Python, or PATH."
     )
+    # cache_aware's knobs (both routers' flags of the same names); None: the router's default.
+    # Passed only with policy cache_aware: a sweep may cross them with the other policies.
+    cache_threshold: float | None = Field(
+        None, ge=0, le=1, description="cache_aware: the prefix match ratio that picks a worker"
+    )
+    balance_abs_threshold: int | None = Field(
+        None, ge=0, description="cache_aware: balance by load when max - min load exceeds this"
+    )
+    balance_rel_threshold: float | None = Field(
+        None, ge=1, description="cache_aware: ... and max load exceeds min load times this"
+    )
+    eviction_interval_secs: int | None = Field(
+        None, ge=1, description="cache_aware: seconds between its prefix tree's evictions"
+    )
+    max_tree_size: int | None = Field(
+        None, ge=1, description="cache_aware: per-worker character budget of its prefix tree"
+    )
     startup_timeout_s: float = Field(60.0, gt=0)
     extra_args: tuple[str, ...] = ()
 
@@ -67,6 +84,25 @@ class RouterConfig(BaseModel):
         if self.port == self.metrics_port:
             raise ValueError("router metrics_port must differ from port")
         return self
+
+
+CACHE_AWARE_KNOBS = (
+    "cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
+    "eviction_interval_secs", "max_tree_size",
+)  # fmt: skip
+
+
+def cache_aware_flags(config: RouterConfig) -> list[str]:
+    """The knobs set in `config` as the router's flags (`--cache-threshold 0.5` ...), for the
+    cache_aware policy only (the other policies have no prefix tree to tune)."""
+    if config.policy != "cache_aware":
+        return []
+    out: list[str] = []
+    for knob in CACHE_AWARE_KNOBS:
+        value = getattr(config, knob)
+        if value is not None:
+            out += ["--" + knob.replace("_", "-"), str(value)]
+    return out
 
 
 class DeploymentConfig(BaseModel):

@@ -209,3 +209,24 @@ def test_launch_commands_are_recorded() -> None:
     assert running.launch_commands() == {"router": command.shell()}
     assert running.launch_commands()["router"].startswith("vllm-router --host 127.0.0.1")
     running.stop()  # attached: nothing of ours to stop
+
+
+@pytest.mark.parametrize("kind", ["vllm-router", "sglang-router"])
+def test_cache_aware_knobs_become_the_router_s_flags(kind: str) -> None:
+    """Named in the config (and so sweepable: deployment.router.cache_threshold), passed to
+    cache_aware only; the router's own default where unset."""
+    cfg = RouterConfig(kind=kind, cache_threshold=0.7, balance_abs_threshold=8, max_tree_size=1024)
+    argv = router.launch(cfg, REPLICAS, block_size=128, program="r").argv
+    assert values(argv, "--cache-threshold") == ["0.7"]
+    assert values(argv, "--balance-abs-threshold") == ["8"]
+    assert values(argv, "--max-tree-size") == ["1024"]
+    assert "--balance-rel-threshold" not in argv and "--eviction-interval-secs" not in argv
+    other = RouterConfig(kind=kind, policy="round_robin", cache_threshold=0.7)
+    assert "--cache-threshold" not in router.launch(other, REPLICAS, program="r").argv
+
+
+def test_cache_aware_knobs_are_checked() -> None:
+    with pytest.raises(ConfigError, match="cache_threshold"):
+        parse_experiment({"deployment": {"router": {"cache_threshold": 1.5}}})
+    with pytest.raises(ConfigError, match="balance_rel_threshold"):
+        parse_experiment({"deployment": {"router": {"balance_rel_threshold": 0.5}}})
