@@ -191,7 +191,8 @@ class CaptureSession:
             self._open_tracking(params)
         chat = _chat_tokenizer(self.engine)
         self.base_url, self.model = target.base_url + "/v1", caps.models[0]
-        self._streams = CallStreams(run_dir, tokens=chat is not None, payloads=cfg.tracking.traces)
+        ids = chat is not None or self.wire.gives_prompt_ids()
+        self._streams = CallStreams(run_dir, tokens=ids, payloads=cfg.tracking.traces)
         self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
         self._streams.on_row = self._on_row
         for cache in target.caches:

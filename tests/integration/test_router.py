@@ -217,3 +217,7 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
     run = json.loads((run_dir / "run.json").read_text())
     assert run["launch_commands"] == {"r0": None, "r1": None, "router": None}
     assert run["cache_reset"] == "emptied before the workload"  # each replica, as vLLM's
+    # each replica's own counters equal the calls placed on it: the placement is right
+    checks = json.loads((run_dir / "summary.json").read_text())["reconciliation"]
+    assert sorted({c["replica"] for c in checks}) == ["r0", "r1"]
+    assert all(c["difference"] == 0 for c in checks), checks

@@ -22,6 +22,7 @@ def test_an_attached_vllm_tags_its_calls_as_vllm() -> None:
     assert wire.config.api_key_env == "MY_KEY"
     assert wire.cache_reset_path == "/reset_prefix_cache"
     assert wire.prompt_ids_fields({"messages": []})  # asks for the prompt's token ids
+    assert wire.gives_prompt_ids() and not engine.gives_prompt_ids()  # so ids are kept
 
 
 def test_an_attached_sglang_tags_its_calls_as_sglang() -> None:
@@ -30,6 +31,7 @@ def test_an_attached_sglang_tags_its_calls_as_sglang() -> None:
     body, _ = wire.request_tags("u2", "")
     assert body == {"rid": "u2", "session_id": "u2"}
     assert wire.cache_reset_path == SglangEngine.cache_reset_path
+    assert not wire.gives_prompt_ids()  # its ids come from the model's tokenizer, if any
 
 
 def test_unknown_family_and_launched_engines_are_left_as_they_are() -> None:

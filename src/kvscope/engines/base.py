@@ -172,6 +172,10 @@ class Engine(ABC):
         beyond what `without_prompt_ids` undoes. A field the app set itself is never replaced."""
         return {}
 
+    def gives_prompt_ids(self) -> bool:
+        """Whether this engine returns a prompt's token ids when asked (prompt_ids_fields)."""
+        return bool(self.prompt_ids_fields({}))
+
     @classmethod
     def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
         """The prompt's token ids carried by one reply body or streamed chunk; None if none."""

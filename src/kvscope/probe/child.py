@@ -116,9 +116,8 @@ def attach(spec_path: str) -> None:
     engine = make_engine(EngineConfig.model_validate(spec.engine))
     model_dir = Path(spec.model_dir) if spec.model_dir else None
     chat = ChatTokenizer.from_model_dir(model_dir) if model_dir and model_dir.is_dir() else None
-    streams = CallStreams(
-        run_dir, tokens=chat is not None, payloads=spec.traces, part=_mark(run_dir)
-    )
+    ids = chat is not None or engine.gives_prompt_ids()
+    streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=_mark(run_dir))
     ctx = streams.context(spec.run, chat, spec.store_prompts)
     Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool).__enter__()  # process-long
     # a forked worker (multiprocessing) writes part files of its own pid

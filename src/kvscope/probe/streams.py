@@ -25,8 +25,9 @@ STREAMS = (REQUESTS_JSONL, TOKENS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL)
 
 class CallStreams:
     def __init__(self, run_dir: Path, *, tokens: bool, payloads: bool, part: str = "") -> None:
-        """`part`: "" for the session's own streams, `.<pid>` for a part file of another
-        process."""
+        """`tokens`: whether calls can have prompt token ids (a tokenizer, or an engine that
+        returns them): then prompt_tokens.jsonl is written. `part`: "" for the session's own
+        streams, `.<pid>` for a part file of another process."""
         self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
         self.write_error: WriteError | None = None  # the first file the disk refused
@@ -52,7 +53,9 @@ class CallStreams:
         return CallContext(
             **run.to_dict(),
             sink=self.row,
-            instrument=PromptInstrument(chat, self.token if chat else None, store_prompts),
+            instrument=PromptInstrument(
+                chat, self.token if self.has_tokens else None, store_prompts
+            ),
             payload_sink=self.payload if self.has_payloads else None,
         )
 
