@@ -124,6 +124,28 @@ def test_profile_the_peer_example_as_an_app(up: Up, tmp_path: Path) -> None:
     assert "traces: 1 written of 1 workflows" in done.stderr
 
 
+def test_profile_attached_to_a_server_kvscope_did_not_start(up: Up, tmp_path: Path) -> None:
+    """`--attach URL`: detection names the server vLLM, so the program's calls carry vLLM's
+    request ids and bring back their prompt ids (kept: prompt_tokens.jsonl, the divergence
+    columns), and its cache is emptied first as a launched vLLM's is."""
+    runs = tmp_path / "runs"
+    argv = [*KVSCOPE, "profile", "--attach", up.base, "--runs-dir", str(runs), "--",
+            sys.executable, str(ROOT / "examples" / "peer.py"), "1", "1"]  # fmt: skip
+    done = subprocess.run(
+        argv, env=up.env, capture_output=True, text=True, timeout=900, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = [p.parent for p in runs.glob("*/run.json")]
+    rows = rows_of(run_dir)
+    assert len(rows) == 8 and all(r["prompt_token_source"] == "engine" for r in rows)
+    assert len((run_dir / "prompt_tokens.jsonl").read_text().splitlines()) == 8
+    assert all(r["first_divergence_previous_agent"] is not None for r in rows[1:])
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["launch_command"] is None  # attached: nothing started
+    assert run["cache_reset"] == "emptied before the workload"
+    assert rows[0]["cached_tokens"] == 0  # the reset left the cache cold
+
+
 def test_an_app_that_traces_itself_gets_kvscopes_numbers_on_its_own_trace(
     up: Up, tmp_path: Path
 ) -> None:
