@@ -227,6 +227,46 @@ def test_send_fan_out_branches_follow_the_dispatcher(engine: Engine, rows: list)
     assert rows[-1].agent_id == "summary" and rows[-1].previous_agent_id == "worker"
 
 
+def test_send_fan_out_inside_a_subgraph(engine: Engine, rows: list) -> None:
+    """A team subgraph whose inner nodes name their agents (node metadata): its dispatcher
+    sends three parallel workers, a join follows. The branches, one top-level task and one
+    top-level superstep, are parallel at the subgraph's level: each follows the dispatcher,
+    never a sibling; the join follows a worker."""
+    model = llm(engine)
+
+    def ask(text: str) -> None:
+        model.invoke(text)
+
+    def worker(s: Fan) -> dict:
+        ask(s["topic"])
+        return {"done": [s["topic"]]}
+
+    def named(agent: str) -> dict:
+        return {"kvscope": {"agent": agent}}
+
+    sub = StateGraph(Fan)
+    sub.add_node("dispatcher", lambda s: (ask("split"), {})[1], metadata=named("dispatcher"))
+    sub.add_node("worker", worker, metadata=named("worker"))
+    sub.add_node("join", lambda s: (ask("sum"), {})[1], metadata=named("join"))
+    sub.add_edge(START, "dispatcher")
+    fan = [Send("worker", {"topic": t, "done": []}) for t in ("a", "b", "c")]
+    sub.add_conditional_edges("dispatcher", lambda s: fan)
+    sub.add_edge("worker", "join")
+    g = StateGraph(Fan)
+    g.add_node("first", lambda s: (ask("go"), {})[1])
+    g.add_node("team", sub.compile())
+    g.add_edge(START, "first")
+    g.add_edge("first", "team")
+    with profiled(rows):
+        g.compile().invoke({"topic": "", "done": []})
+    got = [(r.agent_id, r.previous_agent_id) for r in rows]
+    assert got[:2] == [("first", None), ("dispatcher", "first")]
+    assert got[2:5] == [("worker", "dispatcher")] * 3  # not a sibling branch
+    assert got[5] == ("join", "worker")
+    assert {r.graph_node for r in rows[2:5]} == {"team/worker"}
+    assert {r.turn_id for r in rows[1:]} == {1}  # one visit of each agent
+
+
 def test_override_node_metadata_and_annotations(engine: Engine, rows: list) -> None:
     model = llm(engine)
 

@@ -27,6 +27,7 @@ from kvscope.finalize import replicas
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import Ledger, build_ledger, provenance
 from kvscope.finalize.routing import routing_columns
+from kvscope.finalize.threads import with_thread_turns
 from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.finalized import Finalized, KvReport
@@ -59,6 +60,7 @@ class _Cache:
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
     rows, skipped = requests.read_rows(run_dir)
+    rows = with_thread_turns(rows)
     if exported:
         rows = [_with_exported(r, exported.get(r["request_uuid"])) for r in rows]
     tokens = load_tokens(run_dir)

@@ -17,13 +17,13 @@ run, in its thread or task) and the active RunTracker (probe/runs.py). The rules
   this one included, from 1: the k-th visit of the agent in the invocation, i.e. the loop
   iteration (the PEER cycle for PEER's agents). Calls of one visit (a react agent's inner loop, or
   Send branches of one node) share a turn. Conversation turns are invocations: `thread_turn`
-  numbers a thread's invocations, and across processes they are the thread's workflow_run_ids in
-  order of their first start_ns.
+  numbers a thread's invocations, set at finalize over the whole run (finalize/threads.py).
 - previous_agent_id: the agent of the latest call that happened before this one in the same
-  invocation: made at an earlier superstep, or earlier in the same top-level task. Parallel
-  branches (a `Send` fan-out) do not see each other, so each branch's previous agent is the
-  dispatcher; a react agent's second call follows its own first (a return to itself). None for an
-  invocation's first call, and outside a graph.
+  invocation: at the first graph level where the two calls' tasks differ, one made at an earlier
+  superstep of that level; or one earlier in the same task. Parallel branches (a `Send` fan-out,
+  in the root graph or inside a subgraph) do not see each other, so each branch's previous agent
+  is the dispatcher; a react agent's second call follows its own first (a return to itself).
+  None for an invocation's first call, and outside a graph.
 - tool_ms: time spent in LangChain tools of the same top-level task since its previous LLM call.
 - annotations: `kvscope.annotate(...)` values over the node's `kvscope` metadata, by row column.
 """
@@ -53,7 +53,6 @@ class CallIdentity:
     turn_id: int | None = None
     previous_agent_id: str | None = None
     tool_ms: float | None = None
-    thread_turn: int | None = None
     annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     hints: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # fixed_messages
 
@@ -115,7 +114,6 @@ def identify() -> CallIdentity:
         turn_id=place.turn_id,
         previous_agent_id=place.previous_agent_id,
         tool_ms=place.tool_ms,
-        thread_turn=place.thread_turn,
         annotations=ident.annotations,
         hints=ident.hints,
     )

@@ -4,8 +4,8 @@
 it is active (`register_configure_hook`, the way LangSmith and MLflow attach). It keeps, for the
 runs in flight, each run's parent and root, and per invocation (a root run: `graph.invoke(...)`,
 or whatever runnable the app invoked around it) the LLM calls made so far, the supersteps of its
-top-level tasks and the tool time not yet charged to a call. Runs are forgotten when they end,
-invocations when their root ends.
+tasks at every graph level and the tool time not yet charged to a call. Runs are forgotten when
+they end, invocations when their root ends; nothing is kept per thread.
 
 Activation is process-wide (`activate()` / `deactivate()`), not a context variable: an app may
 invoke its graphs from threads it started before profiling began, which a context variable would
@@ -36,7 +36,6 @@ class CallPlace:
     turn_id: int | None
     previous_agent_id: str | None
     tool_ms: float | None
-    thread_turn: int  # this invocation's ordinal among its thread's invocations seen, from 1
 
 
 @dataclass
@@ -48,18 +47,22 @@ class _Run:
     start_ns: int = 0
 
 
+# Where a call sits, level by level from the root graph: (that level's superstep, its task as
+# the checkpoint namespace down to that level). One level for a top-level node's call.
+Place = tuple[tuple[int | None, str], ...]
+
+
 @dataclass
 class _Call:
-    step: int | None
-    task: str | None
+    place: Place
     agent: str | None
 
 
 @dataclass
 class _Invocation:
-    thread_turn: int
     calls: list[_Call] = field(default_factory=list)
-    task_steps: dict[str, int] = field(default_factory=dict)  # top-level task -> its superstep
+    # task (its namespace from the root: `outer:<id>`, `outer:<id>|inner:<id>`) -> its superstep
+    task_steps: dict[str, int] = field(default_factory=dict)
     agent_steps: dict[str, set[int]] = field(default_factory=dict)
     tool_ms: dict[str | None, float] = field(default_factory=dict)  # task -> uncharged tool time
 
@@ -68,6 +71,16 @@ def outer_task(metadata: Mapping[str, Any]) -> str | None:
     """The top-level task (`node:<task id>`) a run belongs to, from its checkpoint namespace."""
     ns = metadata.get("langgraph_checkpoint_ns")
     return ns.split(NS_SEP)[0] if isinstance(ns, str) and ns else None
+
+
+def task_path(metadata: Mapping[str, Any]) -> list[str]:
+    """The tasks from the root graph down to the running node, each named by the namespace up
+    to it: ["outer:<id>", "outer:<id>|inner:<id>"]; [] outside a graph."""
+    ns = metadata.get("langgraph_checkpoint_ns")
+    if not isinstance(ns, str) or not ns:
+        return []
+    parts = ns.split(NS_SEP)
+    return [NS_SEP.join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def node_path(metadata: Mapping[str, Any]) -> list[str]:
@@ -90,7 +103,6 @@ class RunTracker(BaseCallbackHandler):
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
         self._invocations: dict[UUID, _Invocation] = {}
-        self._thread_turns: dict[str, int] = {}
 
     # --- callbacks -------------------------------------------------------------------------
     def on_chain_start(self, serialized: Any, inputs: Any, **kw: Any) -> None:
@@ -135,19 +147,20 @@ class RunTracker(BaseCallbackHandler):
             if run is None or run.root not in self._invocations:
                 return None
             inv = self._invocations[run.root]
-            task = outer_task(metadata)
-            step = inv.task_steps.get(task) if task else None
-            if step is None and task and NS_SEP not in metadata["langgraph_checkpoint_ns"]:
-                step = metadata.get("langgraph_step")
-            previous = _previous(inv.calls, step, task)
+            tasks = task_path(metadata)
+            place = tuple((inv.task_steps.get(t), t) for t in tasks)
+            if place and place[-1][0] is None:  # the node's own step, from the call's metadata
+                place = (*place[:-1], (metadata.get("langgraph_step"), tasks[-1]))
+            step = place[0][0] if place else None  # the invocation's top-level superstep
+            previous = _previous(inv.calls, place)
             turn = None
             if agent_id is not None and step is not None:
                 steps = inv.agent_steps.setdefault(agent_id, set())
                 steps.add(step)
                 turn = len(steps)
-            inv.calls.append(_Call(step, task, agent_id))
-            tool_ms = inv.tool_ms.pop(task, None)
-            return CallPlace(str(run.root), step, turn, previous, tool_ms, inv.thread_turn)
+            inv.calls.append(_Call(place, agent_id))
+            tool_ms = inv.tool_ms.pop(outer_task(metadata), None)
+            return CallPlace(str(run.root), step, turn, previous, tool_ms)
 
     # --- bookkeeping -----------------------------------------------------------------------
     def _start(
@@ -163,18 +176,11 @@ class RunTracker(BaseCallbackHandler):
             root = up.root if up is not None else run_id
             self._runs[run_id] = _Run(parent, root, md, tool, time.time_ns() if tool else 0)
             if parent is None:
-                thread = md.get("thread_id")
-                turn = 1
-                if thread is not None:
-                    turn = self._thread_turns[str(thread)] = (
-                        self._thread_turns.get(str(thread), 0) + 1
-                    )
-                self._invocations[run_id] = _Invocation(turn)
+                self._invocations[run_id] = _Invocation()
             inv = self._invocations.get(root)
-            task = outer_task(md)
             ns = md.get("langgraph_checkpoint_ns")
-            if inv is not None and task and ns == task and "langgraph_step" in md:
-                inv.task_steps.setdefault(task, md["langgraph_step"])
+            if inv is not None and isinstance(ns, str) and ns and "langgraph_step" in md:
+                inv.task_steps.setdefault(ns, md["langgraph_step"])  # a node (any level) starts
 
     def _end(self, run_id: UUID, tool_error: str | None = None) -> None:
         with self._lock:
@@ -206,16 +212,28 @@ class RunTracker(BaseCallbackHandler):
             )
 
 
-def _previous(calls: list[_Call], step: int | None, task: str | None) -> str | None:
-    """The agent of the latest call that happened before a call at (`step`, `task`): one made at
-    an earlier superstep, or earlier in the same top-level task. Calls of other tasks of the same
-    superstep (parallel branches) do not count. Without a step, the latest call in time."""
+def _previous(calls: list[_Call], place: Place) -> str | None:
+    """The agent of the latest call that happened before a call at `place` (see `_before`);
+    None when none did."""
     for call in reversed(calls):
-        if step is None or call.step is None:
-            return call.agent
-        if call.step < step or (call.step == step and call.task == task):
+        if _before(call.place, place):
             return call.agent
     return None
+
+
+def _before(earlier: Place, now: Place) -> bool:
+    """Whether a call registered earlier, at `earlier`, happened before one at `now` in the
+    graph's order. At the first level where their tasks differ: an earlier superstep there did;
+    the same superstep is a parallel branch (a `Send` fan-out, at any depth), which did not.
+    Tasks the same down to where one path ends: the same node, or one inside the other: it did.
+    A superstep not known at that level (outside a graph): time order."""
+    for (step_a, task_a), (step_b, task_b) in zip(earlier, now, strict=False):
+        if task_a == task_b:
+            continue
+        if step_a is None or step_b is None:
+            return True
+        return step_a < step_b
+    return True
 
 
 class _Slot:

@@ -277,7 +277,6 @@ class InFlight:
             workflow_type=ctx.workflow_type,
             workflow_concurrency=ctx.workflow_concurrency,
             turn_id=ident.turn_id,
-            thread_turn=ident.thread_turn,
             agent_id=ident.agent_id,
             previous_agent_id=ident.previous_agent_id,
             graph_node=ident.graph_node,
