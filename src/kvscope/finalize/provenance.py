@@ -114,10 +114,12 @@ def provenance(
     found = _match(ledger, lives, [order[p] for p in usable], prompt_of, prompts, by_uuid)
     layout = _layout_blocks(prompts, size, found.asks, found.asker, len(usable))
     del prompts  # the per-pass state is freed before the rows and the table: a lower peak
-    out = {}
+    out: dict[str, Row] = {}
+    ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
     for n, p in enumerate(usable):
         r = order[p]
-        out[r["request_uuid"]] = r | _columns(r, found.counts(n, size, r), layout[n] * size)
+        cols = _columns(r, found.counts(n, size, r), layout[n] * size)
+        out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
     result = [out.get(r["request_uuid"], r) for r in rows]
     unknown = sum(order[p].get("queue_ms") is None for p in usable)
     del out, found
