@@ -37,14 +37,16 @@ def _powers(base: int, n: int) -> np.ndarray:
 
 
 class _Powers:
-    """B^k and B^-k for k < n, grown on demand."""
+    """B^k and B^-k for k < n, grown on demand to a power of two: for batches of at most
+    BATCH_TOKENS tokens (a power of two) never beyond it, 16 bytes a token (16 MiB), and
+    never regrown in a run (a regrowth leaves the old arrays' memory behind)."""
 
     def __init__(self) -> None:
         self.fwd = self.inv = np.ones(1, dtype=np.uint64)
 
     def need(self, n: int) -> None:
         if n > len(self.fwd):
-            n = max(n, 2 * len(self.fwd))
+            n = 1 << (n - 1).bit_length()
             self.fwd, self.inv = _powers(_B, n), _powers(_B_INV, n)
 
 
@@ -56,7 +58,7 @@ def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
     starts = np.zeros(len(prompts) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in prompts], out=starts[1:])
     total = int(starts[-1])
-    _POW.need(total + 1)
+    _POW.need(total)  # B^-i for i < total; B^(e-1) for a span's end e <= total
     G = np.zeros(total + 1, dtype=np.uint64)
     if total:
         # x(t) = t * K1 + K2, then * B^-i: int64 -> uint64 keeps distinct ids distinct

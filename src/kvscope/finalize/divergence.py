@@ -32,13 +32,15 @@ def with_divergence(
     last_call: dict[str, np.ndarray] = {}  # workflow -> its latest prompt
     last_agent: dict[tuple[str, str], np.ndarray] = {}  # (workflow, agent) -> latest prompt
     out: dict[str, Row] = {}
+    ints: dict[int | None, int | None] = {}  # one int object per distinct value (in every row)
     for r, ids, reuse in zip(order, prompts, longest, strict=True):
         wf, agent = r["workflow_run_id"], r["agent_id"]
         same, prev = last_agent.get((wf, agent)), last_call.get(wf)
-        out[r["request_uuid"]] = r | {
+        cols = {
             "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
             "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
             "max_reusable_tokens": reuse,
         }
+        out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
         last_call[wf] = last_agent[(wf, agent)] = ids
     return [out.get(r["request_uuid"], r) for r in rows]

@@ -1,9 +1,10 @@
 """Cache provenance from the engine's KV events: who stored each block, who reused it, who lost it.
 
-A ledger of block lives (stored -> removed) is built from the events in publish order. Blocks
-are matched to prompts by their prefix: a block's key is its own tokens chained on its parent's
-key, the same chaining the engines hash with, so a request's k-th full block of prompt tokens has
-the same key as a stored block exactly when the whole prefix up to it is identical.
+A ledger of block lives (stored -> removed) is built from the events in publish order
+(finalize.ledger; build_ledger, Ledger and BlockLife are named here too). Blocks are matched to
+prompts by their prefix: a block's key is its own tokens chained on its parent's key, the same
+chaining the engines hash with, so a request's k-th full block of prompt tokens has the same key
+as a stored block exactly when the whole prefix up to it is identical.
 
 Attribution of a stored block to a request uses the event's session_id (kvscope sends the
 request_uuid) and otherwise the in-flight request whose prompt holds that prefix. The evictor of
@@ -14,133 +15,34 @@ in flight. Both are marked as inferred in the output.
 Uncached blocks are evicted (every earlier life of the key was removed by then), cold (a prompt
 that started earlier holds the same prefix: it was still being computed) or layout (a prompt
 that started earlier held the block's tokens at any offset, behind another prefix), else cold.
-Keys and hashes come from finalize.blockhash (numpy); the layout check is answered for all
-requests at once after the pass, keeping only the windows whose hash some check asks for.
+Keys and hashes come from finalize.blockhash (numpy); every request's blocks are looked up in
+the ledger at once (finalize.keylives.KeyIndex, in chunks), and the layout check is answered for
+all requests at once after that, keeping only the windows whose hash some check asks for. The
+ledger is read, never changed: the results per life (owner, hits, needs) are the block table's.
 """
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import blockhash, keylives
+from kvscope.finalize import blockhash
 from kvscope.finalize.blockhash import Tokens
-from kvscope.finalize.blocktable import block_table
+from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
 from kvscope.finalize.gcpause import without_gc
-from kvscope.finalize.keylives import KeyLives
-from kvscope.records.kv_events import KvBatch, KvEvent
+from kvscope.finalize.keylives import NEVER, KeyIndex
+from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
 from kvscope.records.requests import STATUS_OK
 
-_ROOT = 0
-_UNMATCHABLE = -1  # the key of a block no prompt block can equal (a partial or odd-sized chunk)
+_CHUNK = 1 << 18  # prompt blocks looked up in the ledger at once
 
 Row = dict[str, Any]
 
-
-@dataclass(slots=True)
-class BlockLife:
-    block_hash: int
-    key: int | None  # prefix key; None when the parent was never seen
-    tokens: int
-    stored_ns: int
-    seq: int
-    session_id: str | None
-    owner: str | None = None  # request_uuid
-    attribution: str | None = None  # "session_id" | "tokens"
-    removed_ns: int | None = None
-    removal: str | None = None  # "evicted" | "cleared"
-    evictor: str | None = None
-    evictor_method: str | None = None  # how it was inferred
-    hits: int = 0  # requests served by this life
-    needed_by: str | None = None  # the first request that recomputed it after it was removed
-    needed: int = 0  # how many requests did
-
-
-@dataclass(frozen=True)
-class Ledger:
-    lives: list[BlockLife]
-    block_size: int | None
-    orphan_blocks: int  # stored with a parent never seen: no prefix key, never matched
-
-
-@without_gc
-def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
-    """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
-    events = list(events)
-    hashes = _stored_hashes(events)
-    lives: list[BlockLife] = []
-    alive: dict[int, BlockLife] = {}
-    block_size: int | None = None
-    orphans = 0
-    step_stores: dict[int, list[str]] = defaultdict(list)  # seq -> session_ids stored then
-    removed_in: list[tuple[BlockLife, int]] = []
-    for n, (batch, e) in enumerate(events):
-        ts, seq = batch.ts_ns, batch.seq
-        if e.kind == "stored":
-            size = e.block_size or block_size
-            block_size = block_size or size
-            if size is None:
-                continue
-            parent = e.parent_block_hash
-            key: int | None = _ROOT if parent is None else _key_of(alive, parent)
-            mine, n_tokens = hashes.get(n, []), len(e.token_ids)
-            mult = blockhash.multiplier(size)  # key = chain(key, hash, size), inlined
-            for i, h in enumerate(e.block_hashes):
-                tokens = max(min(size, n_tokens - i * size), 0)
-                if key is not None:
-                    full = i < len(mine) and key != _UNMATCHABLE
-                    key = (key * mult + mine[i]) & blockhash.MASK if full else _UNMATCHABLE
-                orphans += key is None
-                life = BlockLife(h, key, tokens, ts, seq, e.session_id)
-                alive[h] = life
-                lives.append(life)
-            if e.session_id:
-                step_stores[seq].append(e.session_id)
-        elif e.kind == "removed":
-            for h in e.block_hashes:
-                life = alive.pop(h, None)
-                if life is not None:
-                    life.removed_ns, life.removal = ts, "evicted"
-                    removed_in.append((life, seq))
-        else:  # cleared: the whole cache was reset, nobody evicted anything
-            for life in alive.values():
-                life.removed_ns, life.removal = ts, "cleared"
-            alive.clear()
-    first_store = {seq: stores[0] for seq, stores in step_stores.items()}  # all non-empty
-    for life, seq in removed_in:
-        if seq in first_store:
-            life.evictor, life.evictor_method = first_store[seq], "same-step store"
-    return Ledger(lives, block_size, orphans)
-
-
-def _stored_hashes(events: Sequence[tuple[KvBatch, KvEvent]]) -> dict[int, list[int]]:
-    """Event index -> the hashes of its full blocks of the ledger's block size, in one batch.
-
-    The ledger's block size is the first stored event's that has one; an event of another size
-    gets none (its blocks can never match a prompt's)."""
-    size = next((e.block_size for _, e in events if e.kind == "stored" and e.block_size), None)
-    if size is None:
-        return {}
-    which = [
-        n for n, (_, e) in enumerate(events)
-        if e.kind == "stored" and e.block_size in (None, size) and len(e.token_ids) >= size
-    ]  # fmt: skip
-    chunks = []
-    for n in which:
-        e = events[n][1]
-        chunks.append(e.token_ids[: min(len(e.token_ids) // size, len(e.block_hashes)) * size])
-    _, flat, offsets = blockhash.prompt_blocks(chunks, size)
-    flat_list, bounds = flat.tolist(), offsets.tolist()
-    return {n: flat_list[bounds[j] : bounds[j + 1]] for j, n in enumerate(which)}
-
-
-def _key_of(alive: Mapping[int, BlockLife], parent: int) -> int | None:
-    life = alive.get(parent)
-    return None if life is None else life.key
+__all__ = ["BlockLife", "Ledger", "Provenance", "admitted_ns", "build_ledger", "provenance"]
 
 
 @dataclass(frozen=True)
@@ -189,54 +91,165 @@ def provenance(
     size = ledger.block_size
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
-    if size is None:
-        empty = block_table([], by_uuid, replica)
+    if size is None:  # no life was stored
+        lives = _outcomes(ledger, [], [], *_evictors(ledger, [], {}))
+        empty = block_table(lives, by_uuid, replica)
         return Provenance(list(rows), empty, {"no stored blocks": len(rows)})
     order = sorted(rows, key=lambda r: r["start_ns"])
     prompts = _prompts(order, tokens, size)
-    _attribute_owners(ledger, order, prompts)
-    _infer_evictors(ledger, order, by_uuid)
-    by_key = keylives.by_key((x.key, x) for x in ledger.lives if x.key is not None)
-    asks: list[int] = []  # flat blocks to look for in earlier prompts' windows
-    asker: list[int] = []  # the index in `done` of the request asking
-    done: list[tuple[Row, dict[str, int]]] = []
+    owner, attribution = _owners(ledger, order, prompts)
+    usable: list[int] = []  # positions in `order` of the requests classified
+    prompt_of: list[int] = []  # the index of each one's prompt in `prompts`
     j = 0
     for p, r in enumerate(order):
-        ids = tokens.get(r["request_uuid"])
-        reason = _unusable(r, ids)
+        reason = _unusable(r, tokens.get(r["request_uuid"]))
         if reason is None:
             while prompts.position[j] != p:
                 j += 1
-            lo, hi = prompts.offsets[j], prompts.offsets[j + 1]
-            counts, mine = _classify(r, prompts, lo, hi, by_key, by_uuid, size)
-            asker.extend([len(done)] * len(mine))
-            asks.extend(mine)
-            done.append((r, counts))
+            usable.append(p)
+            prompt_of.append(j)
         else:
             skipped[reason] += 1
-    del by_key  # the per-pass state is freed before the block table is built: a lower peak
-    layout = _layout_blocks(prompts, size, asks, asker, len(done))
-    del prompts, asks, asker
-    out = {r["request_uuid"]: r | _columns(r, c, layout[n] * size) for n, (r, c) in enumerate(done)}
-    del layout
+    lives = _outcomes(ledger, owner, attribution, *_evictors(ledger, order, by_uuid))
+    found = _match(ledger, lives, [order[p] for p in usable], prompt_of, prompts, by_uuid)
+    layout = _layout_blocks(prompts, size, found.asks, found.asker, len(usable))
+    del prompts  # the per-pass state is freed before the rows and the table: a lower peak
+    out: dict[str, Row] = {}
+    ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
+    for n, p in enumerate(usable):
+        r = order[p]
+        cols = _columns(r, found.counts(n, size, r), layout[n] * size)
+        out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
     result = [out.get(r["request_uuid"], r) for r in rows]
-    unknown = sum(r.get("queue_ms") is None for r, _ in done)
-    del out, done
-    table = block_table(ledger.lives, by_uuid, replica)
-    return Provenance(result, table, dict(skipped), unknown)
+    unknown = sum(order[p].get("queue_ms") is None for p in usable)
+    del out, found
+    return Provenance(result, block_table(lives, by_uuid, replica), dict(skipped), unknown)
+
+
+def _outcomes(
+    ledger: Ledger,
+    owner: list[str | None],
+    attribution: list[str | None],
+    evictor: list[str | None],
+    method: list[str | None],
+) -> LifeColumns:
+    """The block table's columns: the ledger's, with hits and needs still 0 (_match fills)."""
+    n = len(ledger)
+    return LifeColumns(
+        ledger.block_hash, ledger.tokens, ledger.stored_ns, ledger.removed_ns, ledger.removal,
+        owner or [None] * n, attribution or [None] * n, np.zeros(n, dtype=np.int64),
+        evictor, method, [None] * n, np.zeros(n, dtype=np.int64),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Found:
+    """Per classified request (in start order), its blocks found in the ledger, by kind."""
+
+    blocks: dict[str, np.ndarray]  # self, cross_agent, cross_workflow, unattributed, evicted
+    hit_blocks: np.ndarray  # its blocks within its reported cached tokens
+    asks: np.ndarray  # flat blocks left for the layout check
+    asker: np.ndarray  # the request asking for each
+
+    def counts(self, n: int, size: int, r: Row) -> dict[str, int]:
+        """Request n's tokens by kind (the unattributed ones include a partial cached block)."""
+        out = {k: int(v[n]) * size for k, v in self.blocks.items()}
+        out["unattributed"] += r["cached_tokens"] - int(self.hit_blocks[n]) * size
+        return out
+
+
+def _match(
+    ledger: Ledger,
+    lives: LifeColumns,
+    done: Sequence[Row],
+    prompt_of: Sequence[int],
+    prompts: _Prompts,
+    by_uuid: Mapping[str, Row],
+) -> _Found:
+    """Look every block of the `done` requests up in the ledger at the request's time: a block
+    within the cached tokens is credited to the resident life's owner (its hits + 1), a block
+    past them is evicted when every earlier life of its key was removed (that life's needed + 1,
+    its needed_by the first such request), else left for the layout check unless an earlier
+    prompt holds the same prefix (cold). Vectorised, _CHUNK blocks at a time."""
+    size = ledger.block_size or 1
+    n = len(done)
+    offsets = np.asarray(prompts.offsets)
+    which = np.asarray(prompt_of, dtype=np.int64)
+    lo, n_blocks = offsets[which], offsets[which + 1] - offsets[which]
+    t = np.array([admitted_ns(r) for r in done], dtype=np.int64)
+    cached = np.array([r["cached_tokens"] // size for r in done], dtype=np.int64)
+    hit_blocks = np.minimum(cached, n_blocks)
+    # the requests' and the owners' request_uuid, workflow and agent as ints, equal where equal
+    # (an owner is a request of the run: owners come from its rows, by_uuid; -1: no owner)
+    codes: dict[Any, int] = {}
+    fields = ("request_uuid", "workflow_run_id", "agent_id")
+    uuid_of, wf_of, agent_of = (
+        np.array([codes.setdefault(r[k], len(codes)) for r in done], dtype=np.int64) for k in fields
+    )
+    rows_of = [by_uuid[u] if u is not None else None for u in lives.owner]
+    owned_by, owner_wf, owner_agent = (
+        np.array([codes.setdefault(o[k], len(codes)) if o else -1 for o in rows_of], np.int64)
+        for k in fields
+    )
+    del rows_of
+    keyed = np.flatnonzero(ledger.key_state == KEYED)
+    removed = np.where(ledger.removal == STILL_CACHED, NEVER, ledger.removed_ns)
+    index = KeyIndex(ledger.key[keyed], ledger.stored_ns[keyed], removed[keyed])
+    del removed
+    kinds = ("self", "cross_agent", "cross_workflow", "unattributed", "evicted")
+    blocks = {k: np.zeros(n, dtype=np.int64) for k in kinds}
+    first_needer = np.full(len(ledger), n, dtype=np.int64)
+    asks, asker = [], []
+    ends = np.cumsum(n_blocks)
+    a = 0
+    while a < n:
+        b = max(int(np.searchsorted(ends, ends[a] - n_blocks[a] + _CHUNK, side="right")), a + 1)
+        counts = n_blocks[a:b]
+        req = np.repeat(np.arange(a, b), counts)  # the request of each block looked up
+        within = np.arange(len(req)) - np.repeat(np.cumsum(counts) - counts, counts)
+        flat = lo[req] + within  # in prompts' flat arrays
+        hit = within < hit_blocks[req]
+        m = index.query(prompts.keys[flat], t[req], hit)
+        m = np.where(m >= 0, keyed[np.maximum(m, 0)], -1)  # -> ledger lives
+        # cached blocks: credited to the resident life's owner unless it is none or the request
+        mh, rh = m[hit], req[hit]
+        owner = np.where(mh >= 0, owned_by[np.maximum(mh, 0)], -1)
+        credited = (owner >= 0) & (owner != uuid_of[rh])
+        lives.hits[:] += np.bincount(mh[credited], minlength=len(ledger))
+        cross_wf = credited & (owner_wf[mh] != wf_of[rh])
+        same = credited & ~cross_wf & (owner_agent[mh] == agent_of[rh])
+        for kind, sel in (("self", same), ("cross_agent", credited & ~cross_wf & ~same),
+                          ("cross_workflow", cross_wf), ("unattributed", ~credited)):  # fmt: skip
+            blocks[kind] += np.bincount(rh[sel], minlength=n)
+        # uncached blocks: evicted (a removed life), else cold or to check for layout
+        mu, ru, fu = m[~hit], req[~hit], flat[~hit]
+        gone = mu >= 0
+        lives.needed[:] += np.bincount(mu[gone], minlength=len(ledger))
+        np.minimum.at(first_needer, mu[gone], ru[gone])
+        blocks["evicted"] += np.bincount(ru[gone], minlength=n)
+        ask = ~gone & ~prompts.seen_before[fu]
+        asks.append(fu[ask])
+        asker.append(ru[ask])
+        a = b
+    for life in np.flatnonzero(first_needer < n).tolist():
+        lives.needed_by[life] = done[first_needer[life]]["request_uuid"]
+    return _Found(
+        blocks, hit_blocks,
+        np.concatenate(asks) if asks else np.zeros(0, dtype=np.int64),
+        np.concatenate(asker) if asker else np.zeros(0, dtype=np.int64),
+    )  # fmt: skip
 
 
 def _layout_blocks(
-    prompts: _Prompts, size: int, asks: list[int], asker: list[int], n: int
+    prompts: _Prompts, size: int, asks: np.ndarray, asker: np.ndarray, n: int
 ) -> list[int]:
     """Per request, its blocks whose tokens an earlier prompt held at another offset."""
-    if not asks:
+    if not len(asks):
         return [0] * n
-    flat = np.array(asks, dtype=np.int64)
-    holder = np.searchsorted(np.array(prompts.offsets), flat, side="right") - 1
-    first = blockhash.first_windows(prompts.listed, size, prompts.hashes[flat])
+    holder = np.searchsorted(np.asarray(prompts.offsets), asks, side="right") - 1
+    first = blockhash.first_windows(prompts.listed, size, prompts.hashes[asks])
     found = first < holder
-    return np.bincount(np.array(asker)[found], minlength=n).tolist()
+    return np.bincount(asker[found], minlength=n).tolist()
 
 
 def _unusable(r: Row, ids: Tokens | None) -> str | None:
@@ -262,45 +275,6 @@ def admitted_ns(r: Row) -> int:
     return r["start_ns"] if queue is None else r["start_ns"] + int(queue * 1e6)
 
 
-def _classify(
-    r: Row,
-    prompts: _Prompts,
-    lo: int,
-    hi: int,
-    by_key: Mapping[int, KeyLives[BlockLife]],
-    by_uuid: Mapping[str, Row],
-    size: int,
-) -> tuple[dict[str, int], list[int]]:
-    """The cached split and evicted tokens, and the blocks left for the layout check (flat)."""
-    cached = r["cached_tokens"]
-    keys = prompts.keys[lo:hi].tolist()
-    t = admitted_ns(r)
-    counts = dict.fromkeys(("self", "cross_agent", "cross_workflow", "unattributed"), 0)
-    hit_blocks = min(cached // size, len(keys))
-    for i in range(hit_blocks):
-        lives = by_key.get(keys[i])
-        life = lives.resident(t) if lives else None
-        if life is None or life.owner is None or life.owner == r["request_uuid"]:
-            counts["unattributed"] += size
-            continue
-        life.hits += 1
-        counts[_relation(r, by_uuid.get(life.owner))] += size
-    counts["unattributed"] += cached - hit_blocks * size
-    counts["evicted"] = 0
-    asks = []
-    seen = prompts.seen_before[lo:hi].tolist()
-    for i in range(hit_blocks, len(keys)):
-        lives = by_key.get(keys[i])
-        last = lives.evicted_before(t) if lives else None
-        if last is not None:
-            last.needed_by = last.needed_by or r["request_uuid"]
-            last.needed += 1
-            counts["evicted"] += size
-        elif not seen[i]:  # else: computed by a request in flight: cold
-            asks.append(lo + i)
-    return counts, asks
-
-
 def _columns(r: Row, counts: Mapping[str, int], layout: int) -> Row:
     uncached = max(r["prompt_tokens"] - r["cached_tokens"], 0)
     evicted = min(counts["evicted"], uncached)
@@ -316,49 +290,61 @@ def _columns(r: Row, counts: Mapping[str, int], layout: int) -> Row:
     }
 
 
-def _relation(r: Row, owner: Row | None) -> str:
-    if owner is None:
-        return "unattributed"
-    if owner["workflow_run_id"] != r["workflow_run_id"]:
-        return "cross_workflow"
-    return "self" if owner["agent_id"] == r["agent_id"] else "cross_agent"
-
-
-def _attribute_owners(ledger: Ledger, order: Sequence[Row], prompts: _Prompts) -> None:
+def _owners(
+    ledger: Ledger, order: Sequence[Row], prompts: _Prompts
+) -> tuple[list[str | None], list[str | None]]:
+    """Each life's owner (request_uuid) and how it was attributed: its session_id when that is a
+    request of `order`, else the earliest-started request in flight when it was stored whose
+    prompt holds its prefix key (a keyed life only)."""
     uuids = {r["request_uuid"] for r in order}
-    wanted = {x.key for x in ledger.lives if x.session_id not in uuids and x.key is not None}
-    holders: dict[int, list[int]] = defaultdict(list)  # key -> start positions holding it
-    if wanted:
-        for j, p in enumerate(prompts.position):
-            for k in prompts.keys[prompts.offsets[j] : prompts.offsets[j + 1]].tolist():
-                if k in wanted and (not holders[k] or holders[k][-1] != p):
-                    holders[k].append(p)
+    owner = [s if s in uuids else None for s in ledger.session_id]
+    attribution: list[str | None] = ["session_id" if o else None for o in owner]
+    unowned = np.array([o is None for o in owner], dtype=bool)
+    ask = np.flatnonzero(unowned & (ledger.key_state == KEYED))
+    if not len(ask):
+        return owner, attribution
+    holders = _holders(prompts, np.unique(ledger.key[ask]))
     starts = [r["start_ns"] for r in order]
-    for life in ledger.lives:
-        if life.session_id in uuids:
-            life.owner, life.attribution = life.session_id, "session_id"
-        elif life.key is not None:
-            # The earliest-started in-flight request whose prompt holds this prefix.
-            bound = bisect_right(starts, life.stored_ns)
-            for p in holders.get(life.key, ()):
-                if p >= bound:
-                    break
-                if order[p]["end_ns"] >= life.stored_ns:
-                    life.owner, life.attribution = order[p]["request_uuid"], "tokens"
-                    break
+    keys, stored = ledger.key[ask].tolist(), ledger.stored_ns[ask].tolist()
+    for life, key, t in zip(ask.tolist(), keys, stored, strict=True):
+        bound = bisect_right(starts, t)
+        for p in holders.get(key, ()):
+            if p >= bound:
+                break
+            if order[p]["end_ns"] >= t:
+                owner[life], attribution[life] = order[p]["request_uuid"], "tokens"
+                break
+    return owner, attribution
 
 
-def _infer_evictors(ledger: Ledger, order: Sequence[Row], by_uuid: Mapping[str, Row]) -> None:
+def _holders(prompts: _Prompts, wanted: np.ndarray) -> dict[int, list[int]]:
+    """Each wanted prefix key -> the start positions of the prompts holding it, ascending."""
+    where = np.flatnonzero(np.isin(prompts.keys, wanted))
+    prompt = np.searchsorted(np.asarray(prompts.offsets), where, side="right") - 1
+    position = np.asarray(prompts.position)[prompt].tolist() if len(where) else []
+    holders: dict[int, list[int]] = defaultdict(list)
+    for k, p in zip(prompts.keys[where].tolist(), position, strict=True):
+        if not holders[k] or holders[k][-1] != p:
+            holders[k].append(p)
+    return holders
+
+
+def _evictors(
+    ledger: Ledger, order: Sequence[Row], by_uuid: Mapping[str, Row]
+) -> tuple[list[str | None], list[str | None]]:
+    """Each evicted life's evictor and how it was inferred: the ledger's same-step store when
+    it is a request of this run, else the request that started last among those in flight."""
+    evictor, method = list(ledger.evictor), [None] * len(ledger)
     starts = [r["start_ns"] for r in order]
-    for life in ledger.lives:
-        if life.removal != "evicted":
+    evicted = np.flatnonzero(ledger.removal == EVICTED)
+    for life, t in zip(evicted.tolist(), ledger.removed_ns[evicted].tolist(), strict=True):
+        who = evictor[life]
+        if who is not None and who in by_uuid:
+            method[life] = "same-step store"
             continue
-        if life.evictor is not None and life.evictor not in by_uuid:
-            life.evictor, life.evictor_method = None, None  # a request of another run
-        if life.evictor is None:
-            t = life.removed_ns or 0
-            # The request that started last among those in flight at t.
-            for p in range(bisect_right(starts, t) - 1, -1, -1):
-                if order[p]["end_ns"] >= t:
-                    life.evictor, life.evictor_method = order[p]["request_uuid"], "in flight"
-                    break
+        evictor[life] = None  # none, or a request of another run
+        for p in range(bisect_right(starts, t) - 1, -1, -1):
+            if order[p]["end_ns"] >= t:
+                evictor[life], method[life] = order[p]["request_uuid"], "in flight"
+                break
+    return evictor, method
