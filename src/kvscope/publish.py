@@ -74,6 +74,14 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
             run_dir / files.TIMELINE_PNG,
             f"{analysis.benchmark_run_id}: KV cache and calls",
         )
+    rows = analysis.requests.to_pylist() if analysis.replicas else []
+    for r in analysis.replicas:  # a deployment: each replica's cache and the calls it served
+        timeline.plot(
+            [x for x in rows if x.get("replica") == r.name],
+            r.series,
+            files.replica_dir(run_dir, r.name) / files.TIMELINE_PNG,
+            f"{analysis.benchmark_run_id} {r.name}: KV cache and the calls it served",
+        )
     if analysis.evictions is not None and analysis.evictions.num_rows:
         plots.write_png(
             plots.eviction_heatmap(analysis.evictions, analysis.order),

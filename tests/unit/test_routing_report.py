@@ -83,3 +83,18 @@ def test_each_replica_has_its_own_server_side(run: RunAnalysis) -> None:
     assert cached[0]["difference"] == 2 and cached[0]["replica"] == "r1"
     single = replace(run, replicas=[])
     assert "server_replicas" not in single.summary()
+
+
+def test_a_timeline_per_replica(run: RunAnalysis) -> None:
+    """Each replica's KV use over time with the calls it served, in report.html and as
+    replicas/<name>/timeline.png; no single timeline adds two caches' use."""
+    from kvscope.publish import write_files
+    from kvscope.report.run_sections import run_sections
+
+    sections = {s.key: s for s in run_sections(run)}
+    assert "timeline" not in sections
+    assert sections["timeline-r0"].title == "KV usage over time: r0"
+    assert sections["timeline-r0"].image and sections["timeline-r1"].image
+    write_files(run)
+    for name in ("r0", "r1"):
+        assert (run.run_dir / "replicas" / name / "timeline.png").stat().st_size > 0

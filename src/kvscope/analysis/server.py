@@ -9,7 +9,7 @@ as a difference), and the run keeps only what adds up: the hit rate from the sum
 """
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class ReplicaServer:
     reconciliation: list[Reconciliation]  # [] without a series
     prompt_delta: float | None  # its prompt and cached token counters' increase
     cached_delta: float | None
+    series: Series = field(default_factory=dict, repr=False)  # its instant values over time
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +82,7 @@ def replica_servers(run_dir: Path, rows: Sequence[Row]) -> list[ReplicaServer]:
                 reconciliation=reconcile(served, counters, counter_delta, name) if sampled else [],
                 prompt_delta=prompt,
                 cached_delta=cached,
+                series=series,
             )
         )
     return out

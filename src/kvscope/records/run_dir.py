@@ -59,7 +59,7 @@ ARTIFACTS = (
     ROUTER_METRICS,
 )
 # What the MLflow run keeps of each replica, under replicas/<name>/.
-REPLICA_ARTIFACTS = (ENGINE_LOG, METRICS_PARQUET, METRICS_GAPS, KV_SUMMARY)
+REPLICA_ARTIFACTS = (ENGINE_LOG, METRICS_PARQUET, METRICS_GAPS, KV_SUMMARY, TIMELINE_PNG)
 
 _STAMP = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{6}$")  # new_run's time and random suffix
 

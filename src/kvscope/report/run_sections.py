@@ -8,8 +8,9 @@ import pyarrow as pa
 
 from kvscope.analysis.run import RunAnalysis
 from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
+from kvscope.records.metrics import Series
 from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
-from kvscope.records.run_dir import TIMELINE_PNG
+from kvscope.records.run_dir import TIMELINE_PNG, replica_dir
 from kvscope.report import plots, sequences, timeline
 from kvscope.report.columns import COLUMNS
 from kvscope.report.prose import say
@@ -28,7 +29,7 @@ def run_sections(run: RunAnalysis) -> list[Section]:
         predictability(run),
         latency(run),
         ttft(run),
-        timeline_section(run),
+        *timeline_sections(run),  # a deployment's: one per replica
         evictions(run),
         *routing_section(run),  # a deployment's run: replicas behind a router
         *replay_section(run.run_dir),  # when `kvscope replay RUN` wrote replay.json
@@ -179,20 +180,33 @@ def ttft(run: RunAnalysis) -> Section:
     )
 
 
-def timeline_section(run: RunAnalysis) -> Section:
-    png = run.run_dir / TIMELINE_PNG
+def timeline_sections(run: RunAnalysis) -> list[Section]:
+    """KV usage over time: the engine's; a deployment's, one per replica (its cache, the calls
+    placed on it)."""
+    if not run.replicas:
+        return [_timeline("timeline", "", run.run_dir, run.requests.to_pylist(), run.series, run)]
+    rows = run.requests.to_pylist()
+    out = []
+    for r in run.replicas:
+        mine = [x for x in rows if x.get("replica") == r.name]
+        folder = replica_dir(run.run_dir, r.name)
+        out.append(_timeline(f"timeline-{r.name}", f": {r.name}", folder, mine, r.series, run))
+    return out
+
+
+def _timeline(
+    key: str, suffix: str, folder: Path, rows: list[dict], series: Series, run: RunAnalysis
+) -> Section:
+    png = folder / TIMELINE_PNG
     image = None
     if png.exists():
         image = plots.file_uri(png)
-    elif run.series and run.rows:
+    elif series and rows:
         with tempfile.TemporaryDirectory() as tmp:
-            path = timeline.plot(
-                run.requests.to_pylist(), run.series, Path(tmp) / TIMELINE_PNG, run.label
-            )
+            path = timeline.plot(rows, series, Path(tmp) / TIMELINE_PNG, run.label + suffix)
             image = plots.file_uri(path)
-    return Section(
-        "timeline", "KV usage over time", say("timeline_intro"), image, say("timeline_missing")
-    )
+    title = "KV usage over time" + suffix
+    return Section(key, title, say("timeline_intro"), image, say("timeline_missing"))
 
 
 def evictions(run: RunAnalysis) -> Section:
