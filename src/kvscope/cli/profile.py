@@ -86,7 +86,9 @@ def profile(
         if code and failure is None:
             failure = ProgramFailed(code)
     outcome = conclude(session, WorkloadOutcome(), failure, stage)
-    _explain_empty(outcome.analysis.rows, attached_processes(session.run_dir), session.base_url)
+    _explain_empty(
+        outcome.analysis.rows, attached_processes(session.run_dir), session.base_url, command
+    )
     with _to_stderr():
         show(outcome, verdicts=False)
     raise typer.Exit(code)
@@ -120,20 +122,37 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, BaseException | 
     return code, interrupted
 
 
-def _explain_empty(rows: int, processes: list[dict[str, object]], base_url: str | None) -> None:
+def _explain_empty(
+    rows: int, processes: list[dict[str, object]], base_url: str | None, command: list[str]
+) -> None:
     if rows:
         return
     if not processes:
-        err_console.print(
-            "[yellow]kvscope: the probe did not load in the program[/]: its Python could not "
-            "import kvscope (run the program with the interpreter kvscope is installed in, "
-            "e.g. activate that virtual environment)"
-        )
+        why = "its Python could not import kvscope (run the program with the interpreter kvscope "
+        why += "is installed in, e.g. activate that virtual environment)"
+        if flags := isolating_flags(command):
+            why = (f"Python's {' '.join(flags)} keeps it from reading PYTHONPATH's "
+                   "sitecustomize, which loads the probe: drop the flag, or use "
+                   "`with kvscope.profile(...)` inside the program")  # fmt: skip
+        err_console.print(f"[yellow]kvscope: the probe did not load in the program[/]: {why}")
     else:
         err_console.print(
             f"[yellow]kvscope: the program made no calls to the engine at {base_url}[/] (it "
             "should take the engine from OPENAI_BASE_URL and the model from KVSCOPE_MODEL)"
         )
+
+
+def isolating_flags(command: list[str]) -> list[str]:
+    """The interpreter options in `command` (python -I, -S, -E, also combined as -IS) that stop
+    Python from loading the probe's sitecustomize; [] for anything else."""
+    if not command or not Path(command[0]).name.startswith("python"):
+        return []
+    found = []
+    for arg in command[1:]:
+        if not arg.startswith("-") or arg.startswith("--") or arg in ("-m", "-c"):
+            break  # the script, a module or code: Python's own options are over
+        found += [f"-{c}" for c in arg[1:] if c in "ISE"]
+    return found
 
 
 def _default_name(command: list[str]) -> str:
