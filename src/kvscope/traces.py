@@ -257,7 +257,9 @@ def _tool(t: ToolCall) -> SpanPlan:
             "result.error_type": t.error,
         }
     )
-    return SpanPlan(t.name, SpanType.TOOL, t.start_ns, t.end_ns, attributes, error=t.error)
+    inputs = {"input": t.input} if t.input is not None else None
+    return SpanPlan(t.name, SpanType.TOOL, t.start_ns, t.end_ns, attributes, inputs, t.output,
+                    error=t.error)  # fmt: skip
 
 
 def _known(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -179,6 +179,8 @@ def test_a_react_agent_as_a_named_node_with_a_tool(engine: Engine, rows: list) -
     assert first.tool_ms is None and second.tool_ms is not None and second.tool_ms >= 20
     [span] = tools
     assert (span.name, span.graph_node, span.error) == ("lookup", "researcher/tools", None)
+    assert span.input is not None and "'q': 'x'" in span.input  # the model's tool arguments
+    assert span.output == "found"
     assert span.workflow_run_id == second.workflow_run_id
     assert span.end_ns - span.start_ns >= 20e6
 

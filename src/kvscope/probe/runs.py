@@ -22,7 +22,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
-from kvscope.records.tools import ToolCall
+from kvscope.records.tools import ToolCall, tool_text
 
 NS_SEP, NS_END = "|", ":"  # LangGraph's checkpoint namespace: `outer:<task>|inner:<task>`
 
@@ -45,6 +45,7 @@ class _Run:
     metadata: Mapping[str, Any]
     tool_name: str | None = None
     start_ns: int = 0
+    tool_input: str | None = None
 
 
 # Where a call sits, level by level from the root graph: (that level's superstep, its task as
@@ -116,7 +117,9 @@ class RunTracker(BaseCallbackHandler):
 
     def on_tool_start(self, serialized: Any, input_str: Any, **kw: Any) -> None:
         name = (serialized or {}).get("name") or kw.get("name") or "tool"
-        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"), tool=name)
+        given = kw.get("inputs") or input_str  # the structured inputs where langchain gives them
+        self._start(kw["run_id"], kw.get("parent_run_id"), kw.get("metadata"), tool=name,
+                    tool_input=tool_text(given))  # fmt: skip
 
     def on_chain_end(self, outputs: Any, **kw: Any) -> None:
         self._end(kw["run_id"])
@@ -131,7 +134,7 @@ class RunTracker(BaseCallbackHandler):
         self._end(kw["run_id"])
 
     def on_tool_end(self, output: Any, **kw: Any) -> None:
-        self._end(kw["run_id"], tool_error=None)
+        self._end(kw["run_id"], tool_error=None, output=tool_text(output))
 
     def on_tool_error(self, error: BaseException, **kw: Any) -> None:
         self._end(kw["run_id"], tool_error=type(error).__name__)
@@ -169,12 +172,15 @@ class RunTracker(BaseCallbackHandler):
         parent: UUID | None,
         metadata: Mapping[str, Any] | None,
         tool: str | None = None,
+        tool_input: str | None = None,
     ) -> None:
         md = metadata or {}
         with self._lock:
             up = self._runs.get(parent) if parent is not None else None
             root = up.root if up is not None else run_id
-            self._runs[run_id] = _Run(parent, root, md, tool, time.time_ns() if tool else 0)
+            self._runs[run_id] = _Run(
+                parent, root, md, tool, time.time_ns() if tool else 0, tool_input
+            )
             if parent is None:
                 self._invocations[run_id] = _Invocation()
             inv = self._invocations.get(root)
@@ -182,7 +188,7 @@ class RunTracker(BaseCallbackHandler):
             if inv is not None and isinstance(ns, str) and ns and "langgraph_step" in md:
                 inv.task_steps.setdefault(ns, md["langgraph_step"])  # a node (any level) starts
 
-    def _end(self, run_id: UUID, tool_error: str | None = None) -> None:
+    def _end(self, run_id: UUID, tool_error: str | None = None, output: str | None = None) -> None:
         with self._lock:
             run = self._runs.pop(run_id, None)
             if run is None:
@@ -208,6 +214,8 @@ class RunTracker(BaseCallbackHandler):
                     run.start_ns,
                     end_ns,
                     tool_error,
+                    run.tool_input,
+                    output,
                 )
             )
 

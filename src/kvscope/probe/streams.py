@@ -69,7 +69,7 @@ class CallStreams:
             self._append(self.tokens, ids)
 
     def tool(self, call: ToolCall) -> None:
-        self._append(self.tools, call)
+        self._append(self.tools, call if self.has_payloads else call.without_text())
 
     def payload(self, payload: CallPayload) -> None:
         if self.payloads is not None:

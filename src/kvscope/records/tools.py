@@ -4,7 +4,7 @@ A tool run is a span of its workflow's trace; its time is also charged, as `tool
 LLM call of the same top-level task (probe/runs.py).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,30 @@ class ToolCall:
     start_ns: int
     end_ns: int
     error: str | None  # the exception's type name if the tool raised
+    # What it was given and returned, as text cut at TOOL_TEXT_LIMIT characters; kept only where
+    # the run keeps call payloads (tracking.traces), like the LLM calls' bodies. None: not kept.
+    input: str | None = None
+    output: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self)
+
+    def without_text(self) -> "ToolCall":
+        """The same run without its input and output (a run that keeps no payloads)."""
+        return replace(self, input=None, output=None)
+
+
+TOOL_TEXT_LIMIT = 8192
+CUT = " ...[cut]"
+
+
+def tool_text(value: Any) -> str | None:
+    """A tool's input or output as kept: a message's content, else str(); cut at the limit."""
+    if value is None:
+        return None
+    content = getattr(value, "content", value)
+    text = content if isinstance(content, str) else str(content)
+    return text if len(text) <= TOOL_TEXT_LIMIT else text[:TOOL_TEXT_LIMIT] + CUT
 
 
 def load_tools(run_dir: Path) -> list[ToolCall]:
