@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvscope.finalize import blockhash
+from kvscope.finalize import blockhash, heaptrim
 from kvscope.finalize.blocktable import CLEARED, EVICTED, REMOVALS, STILL_CACHED
 from kvscope.finalize.gcpause import without_gc
 from kvscope.records.kv_events import KvBatch, KvEvent
@@ -175,6 +175,8 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
     evictor: list[str | None] = [None] * len(col.session_id)
     for life, seq in zip(removed_in[::2], removed_in[1::2], strict=True):
         evictor[life] = first_store.get(seq)
+    del events, flat, alive, first_store, removed_in
+    heaptrim.release()
     return Ledger(
         *(np.asarray(getattr(col, c)) for c in ("block_hash", "key", "key_state", "tokens")),
         *(np.asarray(getattr(col, c)) for c in ("stored_ns", "seq", "removed_ns", "removal")),
