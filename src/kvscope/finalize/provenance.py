@@ -21,6 +21,7 @@ all requests at once after that, keeping only the windows whose hash some check 
 ledger is read, never changed: the results per life (owner, hits, needs) are the block table's.
 """
 
+from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -111,21 +112,21 @@ def provenance(
     order = sorted(rows, key=lambda r: r["start_ns"])
     prompts = _prompts(order, tokens, size)
     owner, attribution = _owners(ledger, order, prompts)
-    usable: list[int] = []  # positions in `order` of the requests classified
-    prompt_of: list[int] = []  # the index of each one's prompt in `prompts`
+    done: list[Row] = []  # the requests classified, in start order
+    prompt_of = array("q")  # the index of each one's prompt in `prompts` (no int objects)
     j = 0
     for p, r in enumerate(order):
         reason = _unusable(r, tokens.get(r["request_uuid"]))
         if reason is None:
             while prompts.position[j] != p:
                 j += 1
-            usable.append(p)
+            done.append(r)
             prompt_of.append(j)
         else:
             skipped[reason] += 1
     lives = _outcomes(ledger, owner, attribution, *_evictors(ledger, order, by_uuid))
-    found = _match(ledger, lives, [order[p] for p in usable], prompt_of, prompts, by_uuid)
-    layout = _layout_blocks(prompts, size, found.asks, found.asker, len(usable))
+    found = _match(ledger, lives, done, np.asarray(prompt_of), prompts, by_uuid)
+    layout = _layout_blocks(prompts, size, found.asks, found.asker, len(done))
     # the pass's state is freed (and its heap given back: neither Arrow's buffers nor the row
     # dicts come from that heap) before the table, then the lives before the rows
     del prompts, owner, attribution
@@ -135,12 +136,11 @@ def provenance(
     heaptrim.release()
     out: dict[str, Row] = {}
     ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
-    for n, p in enumerate(usable):
-        r = order[p]
+    for n, r in enumerate(done):
         cols = _columns(r, found.counts(n, size, r), layout[n] * size)
         out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
     result = [out.get(r["request_uuid"], r) for r in rows]
-    unknown = sum(order[p].get("queue_ms") is None for p in usable)
+    unknown = sum(r.get("queue_ms") is None for r in done)
     return Provenance(result, table, dict(skipped), unknown)
 
 
@@ -180,7 +180,7 @@ def _match(
     ledger: Ledger,
     lives: LifeColumns,
     done: Sequence[Row],
-    prompt_of: Sequence[int],
+    prompt_of: np.ndarray,
     prompts: _Prompts,
     by_uuid: Mapping[str, Row],
 ) -> _Found:
@@ -192,7 +192,7 @@ def _match(
     size = ledger.block_size or 1
     n = len(done)
     offsets = prompts.offsets
-    which = np.asarray(prompt_of, dtype=np.int64)
+    which = prompt_of.astype(np.int64)
     lo, n_blocks = offsets[which], offsets[which + 1] - offsets[which]
     t = np.array([admitted_ns(r) for r in done], dtype=np.int64)
     cached = np.array([r["cached_tokens"] // size for r in done], dtype=np.int64)
