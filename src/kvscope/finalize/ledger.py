@@ -103,7 +103,9 @@ class _Columns:
         self.key, self.key_state, self.removal = array("Q"), array("b"), array("b")
         self.session_id: list[str | None] = []
 
-    def append(self, h: int, key: int | None, tokens: int, ts: int, seq: int, sid: str | None):
+    def append(
+        self, h: int, key: int | None, tokens: int, ts: int, seq: int, sid: str | None
+    ) -> int:
         """Add a life still cached; its index."""
         self.block_hash.append(h)
         self.key.append(0 if key is None or key == _UNMATCHABLE else key)
