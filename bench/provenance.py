@@ -2,10 +2,14 @@
 
 Builds a synthetic run without an engine: W workflows x C cycles x 4 PEER agents, each prompt a
 shared prefix + the agent's fixed part + a fresh suffix, with the BlockStored / BlockRemoved
-events an LRU cache of a given size would publish. Then times the ledger, per-request provenance
-and first-divergence passes that every run's finalize step does, and prints the process's peak
-RSS and its RSS once the run was built (the inputs: prompts as int32 arrays, events' tokens as
-views of them).
+events an LRU cache of a given size would publish. Then times the first-divergence, ledger and
+per-request provenance passes that every run's finalize step does, in finalize's order and
+holding what finalize holds (finalize.tables: the rows with the divergence columns replace the
+rows read; the caller keeps them, the events and the prompts through provenance), and prints the
+process's peak RSS and its RSS once the run was built (the inputs: prompts as int32 arrays,
+events' tokens as views of them, request rows as dicts, events as KvBatch / KvEvent objects).
+The peak is the whole process's: the inputs, the interpreter and libraries, and what the passes
+allocate (pyarrow's first table imports pandas: ~38 MiB).
 
     .venv/bin/python bench/provenance.py --workflows 100 --cycles 3
 """

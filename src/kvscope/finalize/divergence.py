@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.finalize import heaptrim
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.lcp import longest_with_earlier
 from kvscope.records.tokens import common_prefix
@@ -29,6 +30,7 @@ def with_divergence(
     ]  # fmt: skip
     prompts = [np.asarray(tokens[r["request_uuid"]]) for r in order]
     longest = longest_with_earlier(prompts)
+    heaptrim.release()  # the prefix search's temporaries
     last_call: dict[str, np.ndarray] = {}  # workflow -> its latest prompt
     last_agent: dict[tuple[str, str], np.ndarray] = {}  # (workflow, agent) -> latest prompt
     out: dict[str, Row] = {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvscope.finalize import blockhash
+from kvscope.finalize import blockhash, heaptrim
 from kvscope.finalize.blocktable import CLEARED, EVICTED, REMOVALS, STILL_CACHED
 from kvscope.finalize.gcpause import without_gc
 from kvscope.records.kv_events import KvBatch, KvEvent
@@ -103,7 +103,9 @@ class _Columns:
         self.key, self.key_state, self.removal = array("Q"), array("b"), array("b")
         self.session_id: list[str | None] = []
 
-    def append(self, h: int, key: int | None, tokens: int, ts: int, seq: int, sid: str | None):
+    def append(
+        self, h: int, key: int | None, tokens: int, ts: int, seq: int, sid: str | None
+    ) -> int:
         """Add a life still cached; its index."""
         self.block_hash.append(h)
         self.key.append(0 if key is None or key == _UNMATCHABLE else key)
@@ -175,6 +177,8 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
     evictor: list[str | None] = [None] * len(col.session_id)
     for life, seq in zip(removed_in[::2], removed_in[1::2], strict=True):
         evictor[life] = first_store.get(seq)
+    del events, flat, alive, first_store, removed_in
+    heaptrim.release()
     return Ledger(
         *(np.asarray(getattr(col, c)) for c in ("block_hash", "key", "key_state", "tokens")),
         *(np.asarray(getattr(col, c)) for c in ("stored_ns", "seq", "removed_ns", "removal")),

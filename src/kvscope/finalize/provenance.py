@@ -21,6 +21,7 @@ all requests at once after that, keeping only the windows whose hash some check 
 ledger is read, never changed: the results per life (owner, hits, needs) are the block table's.
 """
 
+from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import blockhash
+from kvscope.finalize import blockhash, heaptrim
 from kvscope.finalize.blockhash import Tokens
 from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
 from kvscope.finalize.gcpause import without_gc
@@ -38,7 +39,7 @@ from kvscope.finalize.keylives import NEVER, KeyIndex
 from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
 from kvscope.records.requests import STATUS_OK
 
-_CHUNK = 1 << 18  # prompt blocks looked up in the ledger at once
+_CHUNK = 1 << 16  # prompt blocks looked up at once (temporaries: a few of 8 bytes each)
 
 Row = dict[str, Any]
 
@@ -66,20 +67,33 @@ class _Prompts:
     position: list[int]  # index in the start order of each prompt
     keys: np.ndarray  # chained prefix keys, flat (uint64: 8 bytes a block, not a Python int)
     hashes: np.ndarray  # the blocks' own hashes, flat
-    offsets: list[int]  # prompt j's blocks are [offsets[j], offsets[j + 1])
-    seen_before: np.ndarray  # bool: a prompt that started earlier holds the same prefix key
+    offsets: np.ndarray  # prompt j's blocks are [offsets[j], offsets[j + 1])
+
+    def seen_before(self, flat: np.ndarray) -> np.ndarray:
+        """For flat blocks: whether a prompt that started earlier holds the same prefix key.
+
+        Only the keys asked about are looked for, _CHUNK blocks at a time: memory is that of
+        the question, not a sort of every block's key."""
+        wanted = np.unique(self.keys[flat])
+        first = np.full(len(wanted), len(self.keys), dtype=np.int64)  # first block with each
+        for lo in range(0, len(self.keys) if len(wanted) else 0, _CHUNK):
+            keys = self.keys[lo : lo + _CHUNK]
+            at = np.searchsorted(wanted, keys).clip(max=len(wanted) - 1)
+            hit = np.flatnonzero(wanted[at] == keys)
+            np.minimum.at(first, at[hit], hit + lo)
+        earliest = first[np.searchsorted(wanted, self.keys[flat])]
+        return self.holder(earliest) < self.holder(flat)
+
+    def holder(self, flat: np.ndarray) -> np.ndarray:
+        """The prompt holding each flat block."""
+        return np.searchsorted(self.offsets, flat, side="right") - 1
 
 
 def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
     position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
     listed = [tokens[order[p]["request_uuid"]] for p in position]
     keys, hashes, offsets = blockhash.prompt_blocks(listed, size)
-    holder = np.repeat(np.arange(len(listed)), np.diff(offsets))
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    first = np.full(len(uniq), len(listed), dtype=np.int64)
-    np.minimum.at(first, inverse, holder)
-    seen = first[inverse.ravel()] < holder
-    return _Prompts(listed, position, keys, hashes, offsets.tolist(), seen)
+    return _Prompts(listed, position, keys, hashes, offsets)
 
 
 @without_gc
@@ -98,32 +112,36 @@ def provenance(
     order = sorted(rows, key=lambda r: r["start_ns"])
     prompts = _prompts(order, tokens, size)
     owner, attribution = _owners(ledger, order, prompts)
-    usable: list[int] = []  # positions in `order` of the requests classified
-    prompt_of: list[int] = []  # the index of each one's prompt in `prompts`
+    done: list[Row] = []  # the requests classified, in start order
+    prompt_of = array("q")  # the index of each one's prompt in `prompts` (no int objects)
     j = 0
     for p, r in enumerate(order):
         reason = _unusable(r, tokens.get(r["request_uuid"]))
         if reason is None:
             while prompts.position[j] != p:
                 j += 1
-            usable.append(p)
+            done.append(r)
             prompt_of.append(j)
         else:
             skipped[reason] += 1
     lives = _outcomes(ledger, owner, attribution, *_evictors(ledger, order, by_uuid))
-    found = _match(ledger, lives, [order[p] for p in usable], prompt_of, prompts, by_uuid)
-    layout = _layout_blocks(prompts, size, found.asks, found.asker, len(usable))
-    del prompts  # the per-pass state is freed before the rows and the table: a lower peak
+    found = _match(ledger, lives, done, np.asarray(prompt_of), prompts, by_uuid)
+    layout = _layout_blocks(prompts, size, found.asks, found.asker, len(done))
+    # the pass's state is freed (and its heap given back: neither Arrow's buffers nor the row
+    # dicts come from that heap) before the table, then the lives before the rows
+    del prompts, owner, attribution
+    heaptrim.release()
+    table = block_table(lives, by_uuid, replica)
+    del lives
+    heaptrim.release()
     out: dict[str, Row] = {}
     ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
-    for n, p in enumerate(usable):
-        r = order[p]
+    for n, r in enumerate(done):
         cols = _columns(r, found.counts(n, size, r), layout[n] * size)
         out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
     result = [out.get(r["request_uuid"], r) for r in rows]
-    unknown = sum(order[p].get("queue_ms") is None for p in usable)
-    del out, found
-    return Provenance(result, block_table(lives, by_uuid, replica), dict(skipped), unknown)
+    unknown = sum(r.get("queue_ms") is None for r in done)
+    return Provenance(result, table, dict(skipped), unknown)
 
 
 def _outcomes(
@@ -162,7 +180,7 @@ def _match(
     ledger: Ledger,
     lives: LifeColumns,
     done: Sequence[Row],
-    prompt_of: Sequence[int],
+    prompt_of: np.ndarray,
     prompts: _Prompts,
     by_uuid: Mapping[str, Row],
 ) -> _Found:
@@ -173,8 +191,8 @@ def _match(
     prompt holds the same prefix (cold). Vectorised, _CHUNK blocks at a time."""
     size = ledger.block_size or 1
     n = len(done)
-    offsets = np.asarray(prompts.offsets)
-    which = np.asarray(prompt_of, dtype=np.int64)
+    offsets = prompts.offsets
+    which = prompt_of.astype(np.int64)
     lo, n_blocks = offsets[which], offsets[which + 1] - offsets[which]
     t = np.array([admitted_ns(r) for r in done], dtype=np.int64)
     cached = np.array([r["cached_tokens"] // size for r in done], dtype=np.int64)
@@ -227,17 +245,15 @@ def _match(
         lives.needed[:] += np.bincount(mu[gone], minlength=len(ledger))
         np.minimum.at(first_needer, mu[gone], ru[gone])
         blocks["evicted"] += np.bincount(ru[gone], minlength=n)
-        ask = ~gone & ~prompts.seen_before[fu]
-        asks.append(fu[ask])
-        asker.append(ru[ask])
+        asks.append(fu[~gone])  # unless an earlier prompt holds the prefix: cold (below)
+        asker.append(ru[~gone])
         a = b
     for life in np.flatnonzero(first_needer < n).tolist():
         lives.needed_by[life] = done[first_needer[life]]["request_uuid"]
-    return _Found(
-        blocks, hit_blocks,
-        np.concatenate(asks) if asks else np.zeros(0, dtype=np.int64),
-        np.concatenate(asker) if asker else np.zeros(0, dtype=np.int64),
-    )  # fmt: skip
+    flat = np.concatenate([np.zeros(0, dtype=np.int64), *asks])
+    by = np.concatenate([np.zeros(0, dtype=np.int64), *asker])
+    new = ~prompts.seen_before(flat)
+    return _Found(blocks, hit_blocks, flat[new], by[new])
 
 
 def _layout_blocks(
@@ -246,9 +262,8 @@ def _layout_blocks(
     """Per request, its blocks whose tokens an earlier prompt held at another offset."""
     if not len(asks):
         return [0] * n
-    holder = np.searchsorted(np.asarray(prompts.offsets), asks, side="right") - 1
     first = blockhash.first_windows(prompts.listed, size, prompts.hashes[asks])
-    found = first < holder
+    found = first < prompts.holder(asks)
     return np.bincount(asker[found], minlength=n).tolist()
 
 
@@ -320,7 +335,7 @@ def _owners(
 def _holders(prompts: _Prompts, wanted: np.ndarray) -> dict[int, list[int]]:
     """Each wanted prefix key -> the start positions of the prompts holding it, ascending."""
     where = np.flatnonzero(np.isin(prompts.keys, wanted))
-    prompt = np.searchsorted(np.asarray(prompts.offsets), where, side="right") - 1
+    prompt = prompts.holder(where)
     position = np.asarray(prompts.position)[prompt].tolist() if len(where) else []
     holders: dict[int, list[int]] = defaultdict(list)
     for k, p in zip(prompts.keys[where].tolist(), position, strict=True):
