@@ -50,7 +50,8 @@ class _Cache:
     @classmethod
     def read(cls, name: str | None, folder: Path) -> "_Cache":
         path = folder / kv_events.KV_EVENTS_JSONL
-        return cls(name, folder, kv_events.read_batches(path)[0] if path.exists() else None)
+        batches = kv_events.read_batches(path, compact=True)[0] if path.exists() else None
+        return cls(name, folder, batches)
 
     def listener(self) -> dict[str, Any] | None:
         path = self.folder / kv_events.KV_SUMMARY

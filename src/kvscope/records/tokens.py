@@ -51,6 +51,7 @@ def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
         for k, u in enumerate(uuids):
             if u is not None and present[k]:
                 out[u] = values[bounds[k] : bounds[k + 1]]
+    pa.default_memory_pool().release_unused()  # the reader's buffers (~70 MiB at 100k calls)
     return out
 
 

@@ -1,0 +1,99 @@
+"""A whole finalize of a large run read from its files: wall time and peak memory. Prints numbers.
+
+bench/provenance.py times the Level 3 passes on a run held in memory. This writes the same
+synthetic run (W workflows x C cycles x 4 PEER agents, an LRU cache's KV events) as a run
+directory holds it: requests.jsonl, prompt_tokens.jsonl and kv_events.jsonl. Then it runs
+`kvscope.finalize.finalize` on that directory in a fresh child process, which reads the
+streams, runs divergence, the ledger and provenance, and writes requests.parquet,
+kv_events.parquet and blocks.parquet. It prints the child's wall time and peak RSS, and the
+size of what it read.
+
+    .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3   # 100k requests
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import synthetic
+
+from kvscope.records import requests
+from kvscope.records.kv_events import KV_EVENTS_JSONL
+from kvscope.records.tokens import TOKENS_JSONL
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from kvscope.finalize import finalize
+t = time.perf_counter()
+done = finalize(Path(sys.argv[1]))
+print(f"{time.perf_counter() - t:.2f} {done.rows} {done.blocks}")
+"""
+CONSTANT = {
+    "benchmark_run_id": "bench", "experiment_name": "bench", "configuration_hash": "h",
+    "timestamp": "2026-11-25T00:00:00Z", "workflow_type": "peer", "model_name": "m",
+    "thread_id": None,
+}  # fmt: skip
+
+
+def write_run(folder: Path, workflows: int, cycles: int, capacity_blocks: int) -> None:
+    rows, tokens, events = synthetic(workflows, cycles, capacity_blocks)
+    empty = dict.fromkeys(requests.COLUMNS)
+    with (folder / requests.REQUESTS_JSONL).open("w") as f:
+        for r in rows:
+            f.write(json.dumps(empty | CONSTANT | r) + "\n")
+    with (folder / TOKENS_JSONL).open("w") as f:
+        for uuid, ids in tokens.items():
+            f.write(json.dumps({"request_uuid": uuid, "token_ids": ids.tolist()}) + "\n")
+    del rows, tokens
+    with (folder / KV_EVENTS_JSONL).open("w") as f:
+        batch: Any = None
+        kept: list[Any] = []
+        for b, e in [*events, (None, None)]:  # the events of one batch are consecutive
+            if b is not batch and batch is not None:
+                line = replace(batch, received_ns=batch.ts_ns, events=tuple(kept))
+                f.write(json.dumps(line.to_dict()) + "\n")
+                kept = []
+            batch = b
+            if e is not None:
+                kept.append(replace(e, token_ids=tuple(int(x) for x in e.token_ids)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workflows", type=int, default=100)
+    p.add_argument("--cycles", type=int, default=3)
+    p.add_argument("--capacity-blocks", type=int, default=400)
+    p.add_argument("--keep", type=Path, help="Write the run here and keep it (default: a tmp dir).")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = a.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        write_run(folder, a.workflows, a.cycles, a.capacity_blocks)
+        sizes = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("*.jsonl"))}
+        print(f"run written in {time.perf_counter() - t0:.1f} s: "
+              + ", ".join(f"{n} {s:,.0f} MiB" for n, s in sizes.items()))  # fmt: skip
+        t1 = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(folder)], capture_output=True, text=True
+        )
+        wall = time.perf_counter() - t1
+        if done.returncode:
+            sys.exit(f"finalize failed:\n{done.stderr}")
+        inside, rows, blocks = done.stdout.split()[-3:]
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"finalize: {rows} requests, {blocks} block lives; {float(inside):.2f} s in "
+              f"finalize(), {wall:.2f} s with the child's start; peak {peak:,.0f} MiB")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
