@@ -92,19 +92,6 @@ CACHE_AWARE_KNOBS = (
 )  # fmt: skip
 
 
-def cache_aware_flags(config: RouterConfig) -> list[str]:
-    """The knobs set in `config` as the router's flags (`--cache-threshold 0.5` ...), for the
-    cache_aware policy only (the other policies have no prefix tree to tune)."""
-    if config.policy != "cache_aware":
-        return []
-    out: list[str] = []
-    for knob in CACHE_AWARE_KNOBS:
-        value = getattr(config, knob)
-        if value is not None:
-            out += ["--" + knob.replace("_", "-"), str(value)]
-    return out
-
-
 class DeploymentConfig(BaseModel):
     """Several replicas of `engine` behind a router (issue 17). Launched replicas get their own
     ports: replica i serves on engine.port + i * port_stride and publishes KV events on

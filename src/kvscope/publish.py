@@ -67,14 +67,14 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
     """summary.json, timeline.png, evictions.png and report.html in the run directory."""
     run_dir = analysis.run_dir
     (run_dir / files.SUMMARY_JSON).write_text(json.dumps(analysis.summary(), indent=2))
-    if analysis.rows:
+    rows = analysis.requests.to_pylist()
+    if rows:
         timeline.plot(
-            analysis.requests.to_pylist(),
+            rows,
             analysis.series,
             run_dir / files.TIMELINE_PNG,
             f"{analysis.benchmark_run_id}: KV cache and calls",
         )
-    rows = analysis.requests.to_pylist() if analysis.replicas else []
     for r in analysis.replicas:  # a deployment: each replica's cache and the calls it served
         timeline.plot(
             [x for x in rows if x.get("replica") == r.name],

@@ -100,6 +100,20 @@ def run(policy: str, log_dir: Path) -> tuple[list[dict[str, Any]], list[int], li
     return routing_columns(rows, tokens, ledgers), pids, ports
 
 
+def kvscope_run(cfg: dict[str, Any], tmp_path: Path) -> tuple[str, Path]:
+    """`kvscope run` of the config (runs under tmp_path/runs): its output and run directory."""
+    cfg["runs_dir"] = str(tmp_path / "runs")
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    result = subprocess.run(
+        [*KVSCOPE, "run", str(path)], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("router-")]
+    return result.stdout, run_dir
+
+
 def assert_nothing_left(pids: list[int], ports: list[int]) -> None:
     assert len(pids) >= 3  # two replicas (with their engine cores) and the router
     assert [p for p in pids if psutil.pid_exists(p)] == []
@@ -139,16 +153,8 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
         "port": base_port + 18, "metrics_port": base_port + 19, "executable": program(),
     }  # fmt: skip
     cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
-    cfg["runs_dir"] = str(tmp_path / "runs")
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    result = subprocess.run(
-        [*KVSCOPE, "run", str(path)], capture_output=True, text=True, timeout=900,
-        env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "routing (replicas behind the router)" in result.stdout
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("router-")]
+    output, run_dir = kvscope_run(cfg, tmp_path)
+    assert "routing (replicas behind the router)" in output
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
     assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, both used
@@ -185,7 +191,6 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
     dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
     cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
     cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
-    cfg["runs_dir"] = str(tmp_path / "runs")
     with deployment.running(dep, engine, tmp_path / "deployment") as running:
         assert running.router is not None
         handles = list(running.replicas.values())
@@ -197,16 +202,9 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
             "router": {"policy": "round_robin", "url": running.router.base_url,
                        "metrics_url": running.router.metrics_url},
         }  # fmt: skip
-        path = tmp_path / "attached.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        result = subprocess.run(
-            [*KVSCOPE, "run", str(path)], capture_output=True, text=True, timeout=900,
-            env={**os.environ, "COLUMNS": "200"},
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
+        _, run_dir = kvscope_run(cfg, tmp_path)
         for h in [*handles, running.router]:  # attached: not stopped by the run
             assert h.process is not None and h.process.exit_code() is None
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("router-")]
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
     assert all(r["prompt_token_source"] == "engine" for r in rows)  # vLLM's own ids

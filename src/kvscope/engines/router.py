@@ -23,8 +23,7 @@ from typing import Any, Protocol
 import httpx
 
 from kvscope.config import RouterConfig
-from kvscope.config_deployment import cache_aware_flags
-from kvscope.engines import sglang_router, vllm_router
+from kvscope.engines import router_flags, sglang_router, vllm_router
 from kvscope.engines.base import Launch
 from kvscope.engines.process import ServerProcess, require_free_port, tail
 from kvscope.errors import ConfigError, EngineError, EngineNotInstalled, EngineStartError
@@ -111,7 +110,7 @@ def launch(
     if not replicas:
         raise ConfigError("a router needs at least one replica")
     flags = program_of(config).arguments(config, replicas, block_size, model)
-    flags += cache_aware_flags(config)
+    flags += router_flags.cache_aware(config)
     return Launch((program or executable(config), *flags, *config.extra_args))
 
 

@@ -79,7 +79,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvscope.config import RouterConfig
-from kvscope.engines.base import REQUEST_ID_HEADER
+from kvscope.engines import router_flags
 
 if TYPE_CHECKING:
     from kvscope.engines.router import Replica
@@ -101,15 +101,7 @@ def arguments(
     KV events: block size and model are not used."""
     return [
         "launch",
-        "--host", config.host,
-        "--port", str(config.port),
-        "--policy", config.policy,
-        "--worker-urls", *(r.base_url for r in replicas),
-        "--prometheus-host", config.host,
-        "--prometheus-port", str(config.metrics_port),
-        "--request-id-headers", REQUEST_ID_HEADER,
-        "--worker-startup-check-interval", "1",
-        "--worker-startup-timeout-secs", str(max(1, round(config.startup_timeout_s))),
+        *router_flags.shared(config, replicas),
         "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),
         "--log-level", "info",
     ]  # fmt: skip

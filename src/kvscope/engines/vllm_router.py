@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvscope.config import RouterConfig
-from kvscope.engines.base import REQUEST_ID_HEADER
+from kvscope.engines import router_flags
 from kvscope.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -72,18 +72,7 @@ def arguments(
 ) -> list[str]:
     """The flags after the program (extra_args not included). kv_aware needs every replica's KV
     event endpoint and the engine's block size."""
-    argv = [
-        "--host", config.host,
-        "--port", str(config.port),
-        "--policy", config.policy,
-        "--worker-urls", *(r.base_url for r in replicas),
-        "--prometheus-host", config.host,
-        "--prometheus-port", str(config.metrics_port),
-        "--request-id-headers", REQUEST_ID_HEADER,
-        "--worker-startup-check-interval", "1",
-        "--worker-startup-timeout-secs", str(max(1, round(config.startup_timeout_s))),
-        "--log-level", "info",
-    ]  # fmt: skip
+    argv = [*router_flags.shared(config, replicas), "--log-level", "info"]
     if config.policy == "kv_aware":
         missing = [r.name for r in replicas if not r.kv_events]
         if missing or block_size is None:
