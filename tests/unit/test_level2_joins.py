@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.analysis.reconcile import reconcile
-from kvscope.collect.context import with_context
+from kvscope.collect.context import context_columns
 from kvscope.report.timeline import plot
 
 SERIES = {
@@ -20,13 +20,13 @@ SERIES = {
 
 def test_context_columns() -> None:
     row = {"start_ns": 250, "end_ns": 350}
-    out = with_context(row, SERIES)
+    out = context_columns(row, SERIES)
     assert out["cache_used_tokens_before"] == 512
     assert out["cache_used_tokens_after"] == 640
     assert out["cache_utilization_before"] == 0.25
     assert out["cache_utilization_after"] == 0.3125
     assert (out["running_requests"], out["queued_requests"]) == (1, 0)
-    missing = with_context(row, {})
+    missing = context_columns(row, {})
     assert missing["cache_used_tokens_before"] is None and missing["running_requests"] is None
 
 

@@ -12,17 +12,18 @@ from kvscope.collect.series import nearest
 from kvscope.records.requests import RequestRecord
 
 
-def with_context(
-    row: dict[str, Any], series: Mapping[str, Sequence[tuple[int, float]]]
+def context_columns(
+    row: Mapping[str, Any], series: Mapping[str, Sequence[tuple[int, float]]]
 ) -> dict[str, Any]:
-    """The row with its before/after cache and queue columns filled where samples exist."""
+    """A row's before/after cache and queue columns, from the samples nearest its start and end
+    (None where no sample is near); finalize sets them on its rows in place."""
     start, end = row["start_ns"], row["end_ns"]
     used, usage = series.get("kv_used_tokens", ()), series.get("kv_usage", ())
 
     def as_int(v: float | None) -> int | None:
         return None if v is None else round(v)
 
-    return row | {
+    return {
         "cache_used_tokens_before": as_int(nearest(used, start, "before")),
         "cache_used_tokens_after": as_int(nearest(used, end, "after")),
         "cache_utilization_before": nearest(usage, start, "before"),

@@ -48,7 +48,7 @@ __all__ = ["BlockLife", "Ledger", "Provenance", "admitted_ns", "build_ledger", "
 
 @dataclass(frozen=True)
 class Provenance:
-    rows: list[Row]  # the request rows with the provenance columns filled
+    rows: list[Row]  # the request rows, their provenance columns filled (in place)
     table: pa.Table  # the block table (records.blocks.BLOCKS_SCHEMA), one row per block life
     skipped: dict[str, int]  # requests left null, by reason
     queue_unknown: int = 0  # requests classified at their send time: no queue time reported
@@ -101,7 +101,10 @@ def provenance(
     rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger, replica: str | None = None
 ) -> Provenance:
     """Per-request provenance columns and the block table (owners, evictors, harm): `rows` the
-    calls one cache served, `ledger` that cache's blocks (`replica`: its name in a deployment)."""
+    calls one cache served, `ledger` that cache's blocks (`replica`: its name in a deployment).
+
+    The columns are set on the rows in place (finalize's rows are its own: new dicts for a
+    100k-call run were ~200 MiB more at its peak); Provenance.rows lists the same rows."""
     size = ledger.block_size
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
@@ -134,14 +137,12 @@ def provenance(
     table = block_table(lives, by_uuid, replica)
     del lives
     heaptrim.release()
-    out: dict[str, Row] = {}
     ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
     for n, r in enumerate(done):
         cols = _columns(r, found.counts(n, size, r), layout[n] * size)
-        out[r["request_uuid"]] = r | {k: ints.setdefault(v, v) for k, v in cols.items()}
-    result = [out.get(r["request_uuid"], r) for r in rows]
+        r.update((k, ints.setdefault(v, v)) for k, v in cols.items())
     unknown = sum(r.get("queue_ms") is None for r in done)
-    return Provenance(result, table, dict(skipped), unknown)
+    return Provenance(list(rows), table, dict(skipped), unknown)
 
 
 def _outcomes(

@@ -21,9 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.collect.context import with_context
+from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
-from kvscope.finalize import replicas
+from kvscope.finalize import heaptrim, replicas
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import Ledger, build_ledger, provenance
 from kvscope.finalize.routing import routing_columns
@@ -60,10 +60,11 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    rows, skipped = requests.read_rows(run_dir)
+    rows, skipped = requests.read_rows(run_dir)  # the columns below are set on them in place
     rows = with_thread_turns(rows)
     if exported:
-        rows = [_with_exported(r, exported.get(r["request_uuid"])) for r in rows]
+        for r in rows:
+            _add_exported(r, exported.get(r["request_uuid"]))
     tokens = load_tokens(run_dir)
     if tokens:
         rows = with_divergence(rows, tokens)
@@ -73,9 +74,13 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
         rows = _placed(rows, caches)
     for c in caches:
         if series := metrics.load_series(c.folder):
-            rows = [with_context(r, series) if r.get("replica") == c.name else r for r in rows]
+            for r in rows:
+                if r.get("replica") == c.name:
+                    r.update(context_columns(r, series))
     context = sum(r.get("cache_used_tokens_before") is not None for r in rows)
     rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
+    del tokens, caches  # the largest inputs, freed before the request table is built
+    heaptrim.release()
     requests.write_table(run_dir, rows)
     done = Finalized(len(rows), skipped, context, n_blocks, report)
     done.write(run_dir)
@@ -164,7 +169,8 @@ def convert(run_dir: Path) -> Finalized:
     return finalize(run_dir)
 
 
-def _with_exported(row: Row, timings: Mapping[str, float | None] | None) -> Row:
-    if not timings:
-        return row
-    return row | {k: v for k, v in timings.items() if v is not None and row.get(k) is None}
+def _add_exported(row: Row, timings: Mapping[str, float | None] | None) -> None:
+    """The engine's exported timings set on the row where it has none."""
+    for k, v in (timings or {}).items():
+        if v is not None and row.get(k) is None:
+            row[k] = v
