@@ -11,6 +11,11 @@ from typing import Any
 from kvscope.collect.series import nearest
 from kvscope.records.requests import RequestRecord
 
+COLUMNS = (
+    "cache_used_tokens_before", "cache_used_tokens_after", "cache_utilization_before",
+    "cache_utilization_after", "running_requests", "queued_requests",
+)  # fmt: skip
+
 
 def context_columns(
     row: Mapping[str, Any], series: Mapping[str, Sequence[tuple[int, float]]]
@@ -23,14 +28,15 @@ def context_columns(
     def as_int(v: float | None) -> int | None:
         return None if v is None else round(v)
 
-    return {
-        "cache_used_tokens_before": as_int(nearest(used, start, "before")),
-        "cache_used_tokens_after": as_int(nearest(used, end, "after")),
-        "cache_utilization_before": nearest(usage, start, "before"),
-        "cache_utilization_after": nearest(usage, end, "after"),
-        "running_requests": as_int(nearest(series.get("running_requests", ()), start, "before")),
-        "queued_requests": as_int(nearest(series.get("queued_requests", ()), start, "before")),
-    }
+    values = (
+        as_int(nearest(used, start, "before")),
+        as_int(nearest(used, end, "after")),
+        nearest(usage, start, "before"),
+        nearest(usage, end, "after"),
+        as_int(nearest(series.get("running_requests", ()), start, "before")),
+        as_int(nearest(series.get("queued_requests", ()), start, "before")),
+    )
+    return dict(zip(COLUMNS, values, strict=True))
 
 
 def with_server_timings(

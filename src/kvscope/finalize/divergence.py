@@ -17,6 +17,7 @@ from kvscope.finalize.lcp import longest_with_earlier
 from kvscope.records.tokens import common_prefix
 
 Row = dict[str, Any]
+COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "max_reusable_tokens")
 
 
 @without_gc
@@ -39,11 +40,11 @@ def with_divergence(
     for r, ids, reuse in zip(order, prompts, longest, strict=True):
         wf, agent = r["workflow_run_id"], r["agent_id"]
         same, prev = last_agent.get((wf, agent)), last_call.get(wf)
-        cols = {
-            "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
-            "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
-            "max_reusable_tokens": reuse,
-        }
-        r.update((k, ints.setdefault(v, v)) for k, v in cols.items())
+        values = (
+            None if same is None else common_prefix(ids, same),
+            None if prev is None else common_prefix(ids, prev),
+            reuse,
+        )
+        r.update((k, ints.setdefault(v, v)) for k, v in zip(COLUMNS, values, strict=True))
         last_call[wf] = last_agent[(wf, agent)] = ids
     return list(rows)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
-from kvscope.finalize import heaptrim, replicas
+from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import Ledger, build_ledger, provenance
 from kvscope.finalize.routing import routing_columns
@@ -60,8 +60,13 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    rows, skipped = requests.read_rows(run_dir)  # the columns below are set on them in place
-    rows = with_thread_turns(rows)
+    with heaptrim.arrow_on_heap():
+        return _finalize(run_dir, exported)
+
+
+def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
+    stream = working.read(run_dir)  # the columns below are set on its rows, in place
+    rows = with_thread_turns(stream.rows)
     if exported:
         for r in rows:
             _add_exported(r, exported.get(r["request_uuid"]))
@@ -81,8 +86,8 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
     del tokens, caches  # the largest inputs, freed before the request table is built
     heaptrim.release()
-    requests.write_table(run_dir, rows)
-    done = Finalized(len(rows), skipped, context, n_blocks, report)
+    pq.write_table(working.table_with(stream.table, rows), run_dir / requests.REQUESTS_PARQUET)
+    done = Finalized(len(rows), stream.skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
 
@@ -172,5 +177,5 @@ def convert(run_dir: Path) -> Finalized:
 def _add_exported(row: Row, timings: Mapping[str, float | None] | None) -> None:
     """The engine's exported timings set on the row where it has none."""
     for k, v in (timings or {}).items():
-        if v is not None and row.get(k) is None:
+        if k in working.EXPORTED and v is not None and row.get(k) is None:
             row[k] = v
