@@ -37,7 +37,7 @@ from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, bloc
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import NEVER, KeyIndex
 from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
-from kvscope.records.requests import STATUS_OK
+from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
 
 _CHUNK = 1 << 16  # prompt blocks looked up at once (temporaries: a few of 8 bytes each)
 
@@ -138,9 +138,9 @@ def provenance(
     del lives
     heaptrim.release()
     ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
-    for n, r in enumerate(done):
-        cols = _columns(r, found.counts(n, size, r), layout[n] * size)
-        r.update((k, ints.setdefault(v, v)) for k, v in cols.items())
+    columns = _columns(done, found, layout, size)
+    for r, values in zip(done, zip(*columns.values(), strict=True), strict=True):
+        r.update((k, ints.setdefault(v, v)) for k, v in zip(columns, values, strict=True))
     unknown = sum(r.get("queue_ms") is None for r in done)
     return Provenance(list(rows), table, dict(skipped), unknown)
 
@@ -169,12 +169,6 @@ class _Found:
     hit_blocks: np.ndarray  # its blocks within its reported cached tokens
     asks: np.ndarray  # flat blocks left for the layout check
     asker: np.ndarray  # the request asking for each
-
-    def counts(self, n: int, size: int, r: Row) -> dict[str, int]:
-        """Request n's tokens by kind (the unattributed ones include a partial cached block)."""
-        out = {k: int(v[n]) * size for k, v in self.blocks.items()}
-        out["unattributed"] += r["cached_tokens"] - int(self.hit_blocks[n]) * size
-        return out
 
 
 def _match(
@@ -259,13 +253,13 @@ def _match(
 
 def _layout_blocks(
     prompts: _Prompts, size: int, asks: np.ndarray, asker: np.ndarray, n: int
-) -> list[int]:
+) -> np.ndarray:
     """Per request, its blocks whose tokens an earlier prompt held at another offset."""
     if not len(asks):
-        return [0] * n
+        return np.zeros(n, dtype=np.int64)
     first = blockhash.first_windows(prompts.listed, size, prompts.hashes[asks])
     found = first < prompts.holder(asks)
-    return np.bincount(asker[found], minlength=n).tolist()
+    return np.bincount(asker[found], minlength=n)
 
 
 def _unusable(r: Row, ids: Tokens | None) -> str | None:
@@ -291,19 +285,24 @@ def admitted_ns(r: Row) -> int:
     return r["start_ns"] if queue is None else r["start_ns"] + int(queue * 1e6)
 
 
-def _columns(r: Row, counts: Mapping[str, int], layout: int) -> Row:
-    uncached = max(r["prompt_tokens"] - r["cached_tokens"], 0)
-    evicted = min(counts["evicted"], uncached)
-    layout = min(layout, max(uncached - evicted, 0))
-    return {
-        "cached_self_tokens": counts["self"],
-        "cached_cross_agent_tokens": counts["cross_agent"],
-        "cached_cross_workflow_tokens": counts["cross_workflow"],
-        "cached_unattributed_tokens": counts["unattributed"],
-        "uncached_evicted_tokens": evicted,
-        "uncached_layout_tokens": layout,
-        "uncached_cold_tokens": uncached - evicted - layout,
-    }
+def _columns(
+    done: Sequence[Row], found: _Found, layout: np.ndarray, size: int
+) -> dict[str, list[int]]:
+    """The provenance columns of the `done` requests (in their order), in tokens: the cached
+    ones by kind (the unattributed ones include a partial cached block), the uncached ones
+    evicted, then layout, then cold (the rest), each bounded by what is left."""
+    prompt = np.array([r["prompt_tokens"] for r in done], dtype=np.int64)
+    cached = np.array([r["cached_tokens"] for r in done], dtype=np.int64)
+    b = found.blocks
+    uncached = np.maximum(prompt - cached, 0)
+    evicted = np.minimum(b["evicted"] * size, uncached)
+    layout = np.minimum(layout * size, np.maximum(uncached - evicted, 0))
+    values = (
+        b["self"] * size, b["cross_agent"] * size, b["cross_workflow"] * size,
+        b["unattributed"] * size + cached - found.hit_blocks * size,
+        evicted, layout, uncached - evicted - layout,
+    )  # fmt: skip
+    return {k: v.tolist() for k, v in zip(PROVENANCE_COLUMNS, values, strict=True)}
 
 
 def _owners(
