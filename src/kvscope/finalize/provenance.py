@@ -25,7 +25,7 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,7 @@ def provenance(
             skipped[reason] += 1
     lives = _outcomes(ledger, owner, attribution, *_evictors(ledger, order, by_uuid))
     found = _match(ledger, lives, done, np.asarray(prompt_of), prompts, by_uuid)
+    prompts = replace(prompts, keys=prompts.keys[:0])  # the keys are matched: freed (~60 MiB)
     layout = _layout_blocks(prompts, size, found.asks, found.asker, len(done))
     # the pass's state is freed (and its heap given back: neither Arrow's buffers nor the row
     # dicts come from that heap) before the table, then the lives before the rows
@@ -255,11 +256,16 @@ def _layout_blocks(
     prompts: _Prompts, size: int, asks: np.ndarray, asker: np.ndarray, n: int
 ) -> np.ndarray:
     """Per request, its blocks whose tokens an earlier prompt held at another offset."""
+    out = np.zeros(n, dtype=np.int64)
     if not len(asks):
-        return np.zeros(n, dtype=np.int64)
-    first = blockhash.first_windows(prompts.listed, size, prompts.hashes[asks])
-    found = first < prompts.holder(asks)
-    return np.bincount(asker[found], minlength=n)
+        return out
+    uniq = np.unique(prompts.hashes[asks])
+    first = blockhash.first_windows_of_sorted(prompts.listed, size, uniq)
+    for lo in range(0, len(asks), _CHUNK):  # temporaries of a chunk, not of every ask
+        part = asks[lo : lo + _CHUNK]
+        found = first[np.searchsorted(uniq, prompts.hashes[part])] < prompts.holder(part)
+        out += np.bincount(asker[lo : lo + _CHUNK][found], minlength=n)
+    return out
 
 
 def _unusable(r: Row, ids: Tokens | None) -> str | None:
