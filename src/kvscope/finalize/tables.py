@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvscope.collect.context import SERIES as CONTEXT_SERIES
 from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
 from kvscope.finalize import heaptrim, replicas, working
@@ -65,24 +66,18 @@ def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
 
 
 def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
-    stream = working.read(run_dir)  # the columns below are set on its rows, in place
+    stream = working.read(run_dir)  # the passes set their columns on its rows, in place
     rows = with_thread_turns(stream.rows)
-    if exported:
-        for r in rows:
-            _add_exported(r, exported.get(r["request_uuid"]))
-    tokens = load_tokens(run_dir)
-    if tokens:
-        rows = with_divergence(rows, tokens)
+    for r in rows if exported else ():
+        _add_exported(r, exported.get(r["request_uuid"]))
     named = replica_dirs(run_dir)
     caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
     if named:
         rows = _placed(rows, caches)
-    for c in caches:
-        if series := metrics.load_series(c.folder):
-            for r in rows:
-                if r.get("replica") == c.name:
-                    r.update(context_columns(r, series))
-    context = sum(r.get("cache_used_tokens_before") is not None for r in rows)
+    context = _with_context(rows, caches)  # before the prompt ids: its read is a transient
+    tokens = load_tokens(run_dir)
+    if tokens:
+        rows = with_divergence(rows, tokens)
     rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
     del tokens, caches  # the largest inputs, freed before the request table is built
     heaptrim.release()
@@ -90,6 +85,20 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     done = Finalized(len(rows), stream.skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
+
+
+def _with_context(rows: list[Row], caches: list[_Cache]) -> int:
+    """The server context columns set on each row from its cache's /metrics series; how many
+    rows have them."""
+    for c in caches:
+        if series := metrics.load_series(c.folder, CONTEXT_SERIES):
+            mine = [r for r in rows if r.get("replica") == c.name]
+            ends = [r["end_ns"] for r in mine]
+            cols = context_columns([r["start_ns"] for r in mine], ends, series)
+            for r, values in zip(mine, zip(*cols.values(), strict=True), strict=True):
+                r.update(zip(cols, values, strict=True))
+    heaptrim.release()  # the series' read
+    return sum(r.get("cache_used_tokens_before") is not None for r in rows)
 
 
 def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
