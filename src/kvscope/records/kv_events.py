@@ -154,39 +154,3 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("replica", pa.string()),  # the replica that published it; null: one engine
     ]
 )
-
-
-def events_table(batches: Iterable[KvBatch], replica: str | None = None) -> pa.Table:
-    """kv_events.parquet: one row per block event (a BlockStored of 4 blocks gives 4 rows);
-    `replica`: the deployment replica that published them (None: one engine)."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS_SCHEMA}
-
-    def add(b: KvBatch, e: KvEvent, h: int | None, parent: int | None, n: int | None) -> None:
-        values = (
-            b.seq,
-            b.ts_ns,
-            b.received_ns,
-            b.source,
-            e.kind,
-            h,
-            parent,
-            n,
-            e.session_id,
-            e.medium,
-            replica,
-        )
-        for name, v in zip(cols, values, strict=True):
-            cols[name].append(v)
-
-    for b, e in events_of(batches):
-        if e.kind == "cleared":
-            add(b, e, None, None, None)
-            continue
-        parent, size = e.parent_block_hash, e.block_size or 0
-        for i, h in enumerate(e.block_hashes):
-            if e.kind == "stored":
-                add(b, e, h, parent, len(e.token_ids[i * size : (i + 1) * size]))
-                parent = h
-            else:
-                add(b, e, h, None, None)
-    return pa.Table.from_pydict(cols, schema=EVENTS_SCHEMA)
