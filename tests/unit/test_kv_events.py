@@ -18,7 +18,8 @@ from helpers import free_port, recorded_frames, restamped
 
 from kvscope.collect.kv_events import KvEventListener
 from kvscope.engines.kv_events import decode, signed64
-from kvscope.records.kv_events import KvBatch, events_table, holes, read_batches
+from kvscope.finalize.kvcolumns import columns_of, events_table
+from kvscope.records.kv_events import KvBatch, holes, read_batches
 
 FRAMES = recorded_frames()
 SEQS = [decode(f).seq for f in FRAMES]
@@ -130,7 +131,7 @@ def test_replay_fills_gaps_and_marks_them(pub, tmp_path: Path) -> None:
 def test_events_table_has_one_row_per_block(tmp_path: Path) -> None:
     # as the listener writes them and read_batches reads them back
     rows = [KvBatch.from_dict(replace(decode(f), received_ns=0).to_dict()) for f in FRAMES]
-    table = events_table(rows)
+    table = events_table(columns_of(rows))
     events = [e for f in FRAMES for e in decode(f).events]
     blocks = sum(len(e.block_hashes) for e in events) + sum(e.kind == "cleared" for e in events)
     assert table.num_rows == blocks

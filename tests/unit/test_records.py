@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from kvscope.finalize.kvcolumns import columns_of, events_table
 from kvscope.records import base, blocks, kv_events, metrics, requests, run_dir, tokens
 from kvscope.records.finalized import Finalized, KvReport
 
@@ -80,7 +81,7 @@ def test_kv_batches_round_trip_through_the_stream(tmp_path: Path) -> None:
     back, bad = kv_events.read_batches(tmp_path / kv_events.KV_EVENTS_JSONL)
     assert bad == 0 and back == sorted(batches, key=lambda b: b.seq)  # seq order, equal records
     assert kv_events.holes(back) == (1, 1)  # seq 2 missing; one batch came by replay
-    table = kv_events.events_table(back)
+    table = events_table(columns_of(back))
     assert table["parent_block_hash"].to_pylist() == [None, 5, None]  # the 2nd block chains
 
 

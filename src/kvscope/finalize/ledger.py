@@ -12,14 +12,16 @@ lives, objects and the build's temporaries were ~110 MiB of a 100k-request final
 """
 
 from array import array
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from itertools import groupby
 
 import numpy as np
 
 from kvscope.finalize import blockhash, heaptrim
 from kvscope.finalize.blocktable import CLEARED, EVICTED, REMOVALS, STILL_CACHED
 from kvscope.finalize.gcpause import without_gc
+from kvscope.finalize.kvcolumns import REMOVED, STORED, KvColumns, columns_of
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 _ROOT = 0
@@ -94,117 +96,120 @@ class Ledger:
         return out
 
 
-class _Columns:
-    """The ledger's columns while it is built: one machine word a value (array.array)."""
-
-    def __init__(self) -> None:
-        self.block_hash, self.tokens = array("q"), array("q")
-        self.stored_ns, self.seq, self.removed_ns = array("q"), array("q"), array("q")
-        self.key, self.key_state, self.removal = array("Q"), array("b"), array("b")
-        self.session_id: list[str | None] = []
-
-    def append(
-        self, h: int, key: int | None, tokens: int, ts: int, seq: int, sid: str | None
-    ) -> int:
-        """Add a life still cached; its index."""
-        self.block_hash.append(h)
-        self.key.append(0 if key is None or key == _UNMATCHABLE else key)
-        self.key_state.append(ORPHAN if key is None else UNMATCHABLE if key < 0 else KEYED)
-        self.tokens.append(tokens)
-        self.stored_ns.append(ts)
-        self.seq.append(seq)
-        self.removed_ns.append(0)
-        self.removal.append(STILL_CACHED)
-        self.session_id.append(sid)
-        return len(self.session_id) - 1
-
-    def key_of(self, life: int | None) -> int | None:
-        """The prefix key of a life as build_ledger chains it (-1 unmatchable, None orphan)."""
-        if life is None or self.key_state[life] == ORPHAN:
-            return None
-        return self.key[life] if self.key_state[life] == KEYED else _UNMATCHABLE
-
-    def remove(self, life: int, ts: int, how: int) -> None:
-        self.removed_ns[life], self.removal[life] = ts, how
+def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
+    """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
+    batches = []  # consecutive pairs of one batch object: that batch with those events
+    for _, group in groupby(events, key=lambda pair: id(pair[0])):
+        pairs = list(group)
+        batches.append(replace(pairs[0][0], events=tuple(e for _, e in pairs)))
+    return ledger_of(columns_of(batches))
 
 
 @without_gc
-def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
-    """Block lives from (batch, event) pairs in publish order (read_batches + events_of)."""
-    events = list(events)
-    which, flat, bounds = _stored_hashes(events)
-    col = _Columns()
-    alive: dict[int, int] = {}  # block hash -> its life in the cache now
-    block_size: int | None = None
-    orphans, w = 0, 0  # w: the next of `which`
-    first_store: dict[int, str] = {}  # seq -> the first session_id stored in that step
-    removed_in = array("q")  # (life, seq) of each eviction, flat
-    for n, (batch, e) in enumerate(events):
-        ts, seq = batch.ts_ns, batch.seq
-        if e.kind == "stored":
-            size = e.block_size or block_size
-            block_size = block_size or size
-            while w < len(which) and which[w] < n:
-                w += 1
-            if size is None:
-                continue
-            mine: list[int] = []
-            if w < len(which) and which[w] == n:
-                mine = flat[bounds[w] : bounds[w + 1]].tolist()
-            parent = e.parent_block_hash
-            key = _ROOT if parent is None else col.key_of(alive.get(parent))
-            n_tokens = len(e.token_ids)
-            mult = blockhash.multiplier(size)  # key = chain(key, hash, size), inlined
-            for i, h in enumerate(e.block_hashes):
-                tokens = max(min(size, n_tokens - i * size), 0)
-                if key is not None:
-                    full = i < len(mine) and key != _UNMATCHABLE
-                    key = (key * mult + mine[i]) & blockhash.MASK if full else _UNMATCHABLE
-                orphans += key is None
-                alive[h] = col.append(h, key, tokens, ts, seq, e.session_id)
-            if e.session_id:
-                first_store.setdefault(seq, e.session_id)
-        elif e.kind == "removed":
-            for h in e.block_hashes:
-                life = alive.pop(h, None)
-                if life is not None:
-                    col.remove(life, ts, EVICTED)
-                    removed_in.extend((life, seq))
-        else:  # cleared: the whole cache was reset, nobody evicted anything
-            for life in alive.values():
-                col.remove(life, ts, CLEARED)
-            alive.clear()
-    evictor: list[str | None] = [None] * len(col.session_id)
-    for life, seq in zip(removed_in[::2], removed_in[1::2], strict=True):
-        evictor[life] = first_store.get(seq)
-    del events, flat, alive, first_store, removed_in
+def ledger_of(c: KvColumns) -> Ledger:
+    """Block lives from a stream's columns (kvcolumns.read_columns), in publish order.
+
+    The ledger's block size is the first stored event's that gives one (`c.ledger_size`): the
+    stored events before it have no lives; a later one that gives no size has that size. A
+    block chains on its parent's life cached at the time (the event's parent for its first
+    block, the block before it for the others): its key is the root's for no parent, none (an
+    orphan) for a parent not cached, unmatchable for a block not full, of another size or
+    chained on an unmatchable one. A removed block ends its life cached then, a cleared event
+    all of them; an evicted life's evictor is the first session_id stored in the removing
+    batch's seq."""
+    size = c.ledger_size
+    row_event = np.repeat(np.arange(len(c)), np.diff(c.first_row))
+    sized = np.flatnonzero((c.kind == STORED) & (c.block_size > 0))
+    start = int(sized[0]) if len(sized) else len(c)  # the first event with lives
+    rows = np.flatnonzero((c.kind[row_event] == STORED) & (row_event >= start))  # one a life
+    event = row_event[rows]
+    sizes = np.where(c.block_size > 0, c.block_size, size or 0)  # each event's block size
+    full = c.hashed & (sizes[row_event] == size)  # rows whose own hash extends a key
+    sids = c.session_id.to_pylist()  # one str per event, shared by its lives
+    chain = _chain(c, start, sizes, full, sids)
+    removed_ns = np.zeros(len(rows), dtype=np.int64)
+    removal = np.full(len(rows), STILL_CACHED, dtype=np.int8)
+    ended = np.asarray(chain.ended, dtype=np.int64)
+    by = np.asarray(chain.ended_by, dtype=np.int64)
+    removed_ns[ended], removal[ended] = c.ts_ns[by], np.asarray(chain.how, dtype=np.int8)
+    evictor: list[str | None] = [None] * len(rows)
+    evicted = removal[ended] == EVICTED
+    for life, seq in zip(ended[evicted].tolist(), c.seq[by[evicted]].tolist(), strict=True):
+        evictor[life] = chain.first_store.get(seq)
+    at = rows - c.first_row[event]  # the block's place in its event
+    tokens = np.clip(c.n_tokens[event] - at * sizes[event], 0, sizes[event])
+    del row_event, full
     heaptrim.release()
     return Ledger(
-        *(np.asarray(getattr(col, c)) for c in ("block_hash", "key", "key_state", "tokens")),
-        *(np.asarray(getattr(col, c)) for c in ("stored_ns", "seq", "removed_ns", "removal")),
-        col.session_id, evictor, block_size, orphans,
+        c.block_hash[rows], np.asarray(chain.key), np.asarray(chain.key_state), tokens,
+        c.ts_ns[event], c.seq[event], removed_ns, removal,
+        [sids[n] for n in event.tolist()], evictor, size, chain.orphans,
     )  # fmt: skip
 
 
-def _stored_hashes(
-    events: Sequence[tuple[KvBatch, KvEvent]],
-) -> tuple[list[int], np.ndarray, list[int]]:
-    """(which, hashes, bounds): the stored events (indices, ascending) with full blocks of the
-    ledger's block size, and the hashes of those blocks, flat: event which[j]'s are
-    hashes[bounds[j] : bounds[j + 1]], hashed in one batch.
+@dataclass(frozen=True)
+class _Chain:
+    """What the walk through the events (_chain) gives: per life its key, and the lives ended,
+    by which event and how."""
 
-    The ledger's block size is the first stored event's that has one; an event of another size
-    gets none (its blocks can never match a prompt's)."""
-    size = next((e.block_size for _, e in events if e.kind == "stored" and e.block_size), None)
-    if size is None:
-        return [], np.zeros(0, dtype=np.uint64), [0]
-    which = [
-        n for n, (_, e) in enumerate(events)
-        if e.kind == "stored" and e.block_size in (None, size) and len(e.token_ids) >= size
-    ]  # fmt: skip
-    chunks = []
-    for n in which:
-        e = events[n][1]
-        chunks.append(e.token_ids[: min(len(e.token_ids) // size, len(e.block_hashes)) * size])
-    _, flat, offsets = blockhash.prompt_blocks(chunks, size)
-    return which, flat, offsets.tolist()
+    key: array  # "Q"
+    key_state: array  # "b"
+    ended: array  # "q": lives
+    ended_by: array  # "q": the event that ended each
+    how: array  # "b": EVICTED | CLEARED
+    first_store: dict[int, str]  # seq -> the first session_id stored in that step
+    orphans: int
+
+
+def _chain(
+    c: KvColumns, start: int, sizes: np.ndarray, full: np.ndarray, sids: list[str | None]
+) -> _Chain:
+    """The lives' keys and ends, walking the events from `start` in publish order."""
+    key, key_state = array("Q"), array("b")
+    ended, ended_by, how = array("q"), array("q"), array("b")
+    first_store: dict[int, str] = {}
+    alive: dict[int, int] = {}  # block hash -> its life in the cache now
+    life, orphans = 0, 0
+    block_hash, own, is_full = c.block_hash.tolist(), c.own_hash.tolist(), full.tolist()
+    first_row, kinds, seqs = c.first_row.tolist(), c.kind.tolist(), c.seq.tolist()
+    parents, has_parent = c.parent_block_hash.tolist(), c.has_parent.tolist()
+    block_sizes = sizes.tolist()
+    for n in range(start, len(kinds)):
+        rows = range(first_row[n], first_row[n + 1])
+        if kinds[n] == STORED:
+            k: int | None = _ROOT  # the chain's key so far; -1 unmatchable, None orphan
+            if has_parent[n]:
+                p = alive.get(parents[n])
+                state = ORPHAN if p is None else key_state[p]
+                k = key[p] if state == KEYED else _UNMATCHABLE if state == UNMATCHABLE else None
+            mult = blockhash.multiplier(block_sizes[n])
+            for r in rows:
+                if k is None:
+                    orphans += 1
+                    key.append(0)
+                    key_state.append(ORPHAN)
+                elif is_full[r] and k != _UNMATCHABLE:
+                    k = (k * mult + own[r]) & blockhash.MASK
+                    key.append(k)
+                    key_state.append(KEYED)
+                else:
+                    k = _UNMATCHABLE
+                    key.append(0)
+                    key_state.append(UNMATCHABLE)
+                alive[block_hash[r]] = life
+                life += 1
+            if sids[n]:
+                first_store.setdefault(seqs[n], sids[n])
+        elif kinds[n] == REMOVED:
+            for r in rows:
+                gone = alive.pop(block_hash[r], None)
+                if gone is not None:
+                    ended.append(gone)
+                    ended_by.append(n)
+                    how.append(EVICTED)
+        else:  # cleared: the whole cache was reset, nobody evicted anything
+            ended.extend(alive.values())
+            ended_by.extend([n] * len(alive))
+            how.extend([CLEARED] * len(alive))
+            alive.clear()
+    return _Chain(key, key_state, ended, ended_by, how, first_store, orphans)

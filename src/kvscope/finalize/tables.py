@@ -26,7 +26,9 @@ from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
 from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
-from kvscope.finalize.provenance import Ledger, build_ledger, provenance
+from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
+from kvscope.finalize.ledger import ledger_of
+from kvscope.finalize.provenance import Ledger, provenance
 from kvscope.finalize.routing import routing_columns
 from kvscope.finalize.threads import with_thread_turns
 from kvscope.records import kv_events, metrics, requests
@@ -46,13 +48,12 @@ class _Cache:
 
     name: str | None
     folder: Path
-    batches: list[kv_events.KvBatch] | None  # None: no KV events were recorded
+    events: KvColumns | None  # None: no KV events were recorded
 
     @classmethod
     def read(cls, name: str | None, folder: Path) -> "_Cache":
         path = folder / kv_events.KV_EVENTS_JSONL
-        batches = kv_events.read_batches(path, compact=True)[0] if path.exists() else None
-        return cls(name, folder, batches)
+        return cls(name, folder, read_columns(path) if path.exists() else None)
 
     def listener(self) -> dict[str, Any] | None:
         path = self.folder / kv_events.KV_SUMMARY
@@ -107,9 +108,7 @@ def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
     for c in caches:
         log = c.folder / ENGINE_LOG
         logs[str(c.name)] = log.read_text(errors="replace") if log.exists() else ""
-    stored = {
-        str(c.name): (e.session_id for _, e in kv_events.events_of(c.batches or [])) for c in caches
-    }
+    stored = {str(c.name): c.events.session_id.to_pylist() if c.events else [] for c in caches}
     return replicas.place(rows, logs, stored)
 
 
@@ -117,15 +116,15 @@ def _provenance(
     run_dir: Path, rows: list[Row], tokens: Mapping[str, Any], caches: list[_Cache]
 ) -> tuple[list[Row], int, KvReport | None]:
     """Provenance per cache, routing misses across them; the event and block tables written."""
-    with_events = [c for c in caches if c.batches is not None]
+    with_events = [c for c in caches if c.events is not None]
     if not with_events:
         return rows, 0, None
     events, blocks, ledgers, reports = [], [], {}, []
     out = {r["request_uuid"]: r for r in rows}
     for c in with_events:
-        assert c.batches is not None
-        events.append(kv_events.events_table(c.batches, c.name))
-        ledger = build_ledger(kv_events.events_of(c.batches))
+        assert c.events is not None
+        events.append(events_table(c.events, c.name))
+        ledger = ledger_of(c.events)
         mine = [r for r in rows if r.get("replica") == c.name]
         prov = provenance(mine, tokens, ledger, c.name)
         out.update((r["request_uuid"], r) for r in prov.rows)
@@ -143,13 +142,13 @@ def _provenance(
 
 
 def _report(c: _Cache, ledger: Ledger, skipped: dict[str, int], unknown: int) -> KvReport:
-    assert c.batches is not None
-    missing, recovered = kv_events.holes(c.batches)
+    assert c.events is not None
+    missing, recovered = c.events.missing, c.events.recovered
     listener = c.listener()
     if listener is not None:
         missing = max(missing, listener.get("lost", 0))
     return KvReport(
-        batches=len(c.batches), events=sum(len(b.events) for b in c.batches),
+        batches=c.events.batches, events=len(c.events),
         missing_batches=missing, recovered_batches=recovered,
         orphan_blocks=ledger.orphan_blocks, skipped=skipped,
         queue_unknown=unknown, listener=listener,

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pyarrow as pa
 
 from kvscope.records.base import read_jsonl, record_dict
@@ -28,8 +27,7 @@ class KvEvent:
     kind: Kind
     block_hashes: tuple[int, ...] = ()  # signed 64-bit
     parent_block_hash: int | None = None  # of the first block; each later one chains on the last
-    # all blocks' tokens, block_size each; a read-only int32 array when read compact (finalize)
-    token_ids: Sequence[int] = ()
+    token_ids: tuple[int, ...] = ()  # all blocks' tokens, block_size each
     block_size: int | None = None
     medium: str | None = None
     session_id: str | None = None  # the request's session_id (kvscope sends the request_uuid)
@@ -38,26 +36,9 @@ class KvEvent:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], compact: bool = False) -> "KvEvent":
-        """`compact`: token_ids as a read-only integer array (4 bytes a token where a tuple of
-        Python ints takes about 36); such an event is not hashable and not comparable with ==."""
-        ids = d["token_ids"]
-        return cls(
-            **(
-                dict(d)
-                | {"block_hashes": tuple(d["block_hashes"]),
-                   "token_ids": _compact(ids) if compact else tuple(ids)}
-            )
-        )  # fmt: skip
-
-
-def _compact(ids: Sequence[int]) -> np.ndarray:
-    """The ids as int32 where they all fit (else int64), read-only."""
-    out = np.array(ids, dtype=np.int64)
-    if len(out) and out.min() >= -(2**31) and out.max() < 2**31:
-        out = out.astype(np.int32)
-    out.flags.writeable = False
-    return out
+    def from_dict(cls, d: Mapping[str, Any]) -> "KvEvent":
+        ids = {"block_hashes": tuple(d["block_hashes"]), "token_ids": tuple(d["token_ids"])}
+        return cls(**(dict(d) | ids))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +55,8 @@ class KvBatch:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], compact: bool = False) -> "KvBatch":
-        events = tuple(KvEvent.from_dict(e, compact) for e in d["events"])
+    def from_dict(cls, d: Mapping[str, Any]) -> "KvBatch":
+        events = tuple(KvEvent.from_dict(e) for e in d["events"])
         return cls(
             seq=d["seq"],
             ts_ns=d["ts_ns"],
@@ -85,11 +66,10 @@ class KvBatch:
         )
 
 
-def read_batches(path: Path, compact: bool = False) -> tuple[list[KvBatch], int]:
-    """The stream's batches in seq order, and how many torn lines were skipped; `compact`: the
-    events' token ids as arrays (KvEvent.from_dict), as finalize reads a large run's stream (a
-    100k-call run's 30 M event tokens: ~120 MiB, not ~1.2 GiB as tuples)."""
-    batches, bad = read_jsonl(path, lambda row: KvBatch.from_dict(row, compact))
+def read_batches(path: Path) -> tuple[list[KvBatch], int]:
+    """The stream's batches in seq order, and how many torn lines were skipped (finalize reads a
+    large run's stream as columns instead: finalize.kvcolumns)."""
+    batches, bad = read_jsonl(path, KvBatch.from_dict)
     return sorted(batches, key=lambda b: b.seq), bad
 
 
@@ -154,39 +134,3 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("replica", pa.string()),  # the replica that published it; null: one engine
     ]
 )
-
-
-def events_table(batches: Iterable[KvBatch], replica: str | None = None) -> pa.Table:
-    """kv_events.parquet: one row per block event (a BlockStored of 4 blocks gives 4 rows);
-    `replica`: the deployment replica that published them (None: one engine)."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS_SCHEMA}
-
-    def add(b: KvBatch, e: KvEvent, h: int | None, parent: int | None, n: int | None) -> None:
-        values = (
-            b.seq,
-            b.ts_ns,
-            b.received_ns,
-            b.source,
-            e.kind,
-            h,
-            parent,
-            n,
-            e.session_id,
-            e.medium,
-            replica,
-        )
-        for name, v in zip(cols, values, strict=True):
-            cols[name].append(v)
-
-    for b, e in events_of(batches):
-        if e.kind == "cleared":
-            add(b, e, None, None, None)
-            continue
-        parent, size = e.parent_block_hash, e.block_size or 0
-        for i, h in enumerate(e.block_hashes):
-            if e.kind == "stored":
-                add(b, e, h, parent, len(e.token_ids[i * size : (i + 1) * size]))
-                parent = h
-            else:
-                add(b, e, h, None, None)
-    return pa.Table.from_pydict(cols, schema=EVENTS_SCHEMA)
