@@ -2,9 +2,12 @@
 
 bench/provenance.py times the Level 3 passes on a run held in memory. This writes the same
 synthetic run (W workflows x C cycles x 4 PEER agents, an LRU cache's KV events) as a run
-directory holds it: requests.jsonl, prompt_tokens.jsonl and kv_events.jsonl. Then it runs
+directory holds it: requests.jsonl (rows filled as a real run's), prompt_tokens.jsonl,
+kv_events.jsonl and metrics.parquet (the /metrics scrapes the context columns come from). Then
+it runs
 `kvscope.finalize.finalize` on that directory in a fresh child process, which reads the
-streams, runs divergence, the ledger and provenance, and writes requests.parquet,
+streams, joins the /metrics series, runs divergence, the ledger and provenance, and writes
+requests.parquet,
 kv_events.parquet and blocks.parquet. It prints the child's wall time and peak RSS, and the
 size of what it read.
 
@@ -13,7 +16,6 @@ size of what it read.
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -22,10 +24,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import synthetic
 
-from kvscope.records import requests
+from kvscope.records import metrics, requests
 from kvscope.records.kv_events import KV_EVENTS_JSONL
 from kvscope.records.tokens import TOKENS_JSONL
 
@@ -35,21 +41,70 @@ from pathlib import Path
 from kvscope.finalize import finalize
 t = time.perf_counter()
 done = finalize(Path(sys.argv[1]))
-print(f"{time.perf_counter() - t:.2f} {done.rows} {done.blocks}")
+wall = time.perf_counter() - t
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
+print(f"{wall:.2f} {done.rows} {done.blocks} {hwm / 1024:.0f}")
 """
+ENGINE_SAMPLES = 125
 CONSTANT = {
-    "benchmark_run_id": "bench", "experiment_name": "bench", "configuration_hash": "h",
-    "timestamp": "2026-11-25T00:00:00Z", "workflow_type": "peer", "model_name": "m",
-    "thread_id": None,
+    "benchmark_run_id": "bench-20261125-000000-a1b2c3", "experiment_name": "bench",
+    "configuration_hash": "08b50e553b49", "workflow_type": "peer", "model_name": "smollm2",
 }  # fmt: skip
 
 
-def write_run(folder: Path, workflows: int, cycles: int, capacity_blocks: int) -> None:
+def filled(r: dict[str, Any], n: int) -> dict[str, Any]:
+    """The columns a real run's row has filled besides the synthetic ones (37 of a recorded
+    vLLM run's row were set), with values of a real row's sizes: 16-hex hashes, a response id,
+    floats; each row's own where a real run's are."""
+    out = r["prompt_tokens"] - r["cached_tokens"]
+    return {
+        "thread_id": f"bench-t{n // 12:06d}", "graph_node": r["agent_id"],
+        "timestamp": f"2026-11-25T{n // 3_600_000 % 24:02d}:{n // 60_000 % 60:02d}:"
+                     f"{n // 1000 % 60:02d}.{n % 1000:03d}123+00:00",
+        "workflow_concurrency": 8, "sglang_response_id": f"chatcmpl-{r['request_uuid']}-{n:08x}",
+        "output_tokens": 48, "new_prefill_tokens": out,
+        "reported_cache_hit_ratio": r["cached_tokens"] / r["prompt_tokens"],
+        "ttft_ms": 600.0 + n % 977, "tpot_ms": 30.0 + n % 13 / 7, "prefill_ms": 500.0 + n % 911,
+        "decode_ms": 1400.0 + n % 101, "e2e_ms": 2100.0 + n % 1999,
+        "prompt_template_version": "peer-fqa-v1", "chat_template_name": "sha256:872be49dbb63",
+        "prompt_hash": f"{n * 0x9E3779B1 & 0xFFFFFFFFFFFFFFFF:016x}",
+        "token_id_hash": f"{n * 0x85EBCA77 & 0xFFFFFFFFFFFFFFFF:016x}",
+        "prompt_layout": "shared-first", "sharing_mode": "documents",
+        "fixed_prefix_tokens": 112, "dynamic_suffix_tokens": r["prompt_tokens"] - 112,
+        "finish_reason": "length",
+    }  # fmt: skip
+
+
+def write_metrics(folder: Path, scrapes: int, end_ns: int) -> None:
+    """metrics.parquet as a run writes it: `scrapes` scrapes over [0, end_ns], each with
+    kvscope's instant values and ENGINE_SAMPLES engine samples (a recorded vLLM run's scrape had
+    135 rows in all)."""
+    names = ("kv_used_tokens", "kv_capacity_tokens", "kv_usage", "running_requests",
+             "queued_requests", "prompt_tokens_total", "cached_tokens_total",
+             "generation_tokens_total", "requests_total", "preemptions_total")  # fmt: skip
+    per = len(names) + ENGINE_SAMPLES
+    ts = np.repeat(np.linspace(0, end_ns, scrapes).astype(np.int64), per)
+    rng = np.random.default_rng(1)
+    metric = [f"kvscope:{n}" for n in names] + [f"vllm:sample_{k}" for k in range(ENGINE_SAMPLES)]
+    kvscope = [*names, *[None] * ENGINE_SAMPLES]
+    labels = ["{}"] * len(names) + ['{"engine": "0", "model_name": "smollm2"}'] * ENGINE_SAMPLES
+    table = pa.table({
+        "timestamp_ns": ts, "benchmark_run_id": [CONSTANT["benchmark_run_id"]] * len(ts),
+        "metric_name": metric * scrapes, "labels": labels * scrapes,
+        "value": rng.random(len(ts)) * 20_000, "kvscope_name": kvscope * scrapes,
+    }, schema=metrics.SCHEMA)  # fmt: skip
+    pq.write_table(table, folder / metrics.METRICS_PARQUET)
+
+
+def write_run(
+    folder: Path, workflows: int, cycles: int, capacity_blocks: int, scrapes: int
+) -> None:
     rows, tokens, events = synthetic(workflows, cycles, capacity_blocks)
+    write_metrics(folder, scrapes, max(r["end_ns"] for r in rows))
     empty = dict.fromkeys(requests.COLUMNS)
     with (folder / requests.REQUESTS_JSONL).open("w") as f:
-        for r in rows:
-            f.write(json.dumps(empty | CONSTANT | r) + "\n")
+        for n, r in enumerate(rows):
+            f.write(json.dumps(empty | CONSTANT | r | filled(r, n)) + "\n")
     with (folder / TOKENS_JSONL).open("w") as f:
         for uuid, ids in tokens.items():
             f.write(json.dumps({"request_uuid": uuid, "token_ids": ids.tolist()}) + "\n")
@@ -72,14 +127,16 @@ def main() -> None:
     p.add_argument("--workflows", type=int, default=100)
     p.add_argument("--cycles", type=int, default=3)
     p.add_argument("--capacity-blocks", type=int, default=400)
+    p.add_argument("--scrapes", type=int, default=25_000,
+                   help="/metrics scrapes in the run (a 0.2 s interval over ~83 min)")  # fmt: skip
     p.add_argument("--keep", type=Path, help="Write the run here and keep it (default: a tmp dir).")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = a.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        write_run(folder, a.workflows, a.cycles, a.capacity_blocks)
-        sizes = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("*.jsonl"))}
+        write_run(folder, a.workflows, a.cycles, a.capacity_blocks, a.scrapes)
+        sizes = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("*.*"))}
         print(f"run written in {time.perf_counter() - t0:.1f} s: "
               + ", ".join(f"{n} {s:,.0f} MiB" for n, s in sizes.items()))  # fmt: skip
         t1 = time.perf_counter()
@@ -89,10 +146,13 @@ def main() -> None:
         wall = time.perf_counter() - t1
         if done.returncode:
             sys.exit(f"finalize failed:\n{done.stderr}")
-        inside, rows, blocks = done.stdout.split()[-3:]
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(f"finalize: {rows} requests, {blocks} block lives; {float(inside):.2f} s in "
-              f"finalize(), {wall:.2f} s with the child's start; peak {peak:,.0f} MiB")  # fmt: skip
+        # the child's own high-water mark (VmHWM, its memory after exec): the children's
+        # ru_maxrss also counts the parent's pages the child was spawned with
+        inside, rows, blocks, peak = done.stdout.split()[-4:]
+        print(
+            f"finalize: {rows} requests, {blocks} block lives; {float(inside):.2f} s in "
+            f"finalize(), {wall:.2f} s with the child's start; peak {int(peak):,} MiB"
+        )
 
 
 if __name__ == "__main__":

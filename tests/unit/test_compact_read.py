@@ -21,6 +21,16 @@ def test_rows_share_their_keys_and_torn_lines_are_counted(tmp_path: Path) -> Non
     assert converted == ["r0", "r1", "r2"]
 
 
+def test_lines_orjson_refuses_are_read_by_json(tmp_path: Path) -> None:
+    """Python's json writes NaN and integers past 64 bits; such rows are kept, not skipped."""
+    path = tmp_path / "s.jsonl"
+    rows = [{"x": float("nan"), "k": "a"}, {"x": 2**70, "k": "b"}, {"x": 1.5, "k": "c"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + b"\xff\n".decode("latin-1"))
+    read, bad = read_jsonl(path)
+    assert [r["k"] for r in read] == ["a", "b", "c"] and bad == 1
+    assert read[0]["x"] != read[0]["x"] and read[1]["x"] == 2**70
+
+
 def test_compact_events_hold_the_same_ids_as_arrays(tmp_path: Path) -> None:
     stored = KvEvent("stored", (1, 2), None, (5, 70_000, 3, 4), 2, "GPU", "u")
     big = KvEvent("stored", (3,), 2, (2**40, 1), 2, None, "v")

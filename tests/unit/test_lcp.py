@@ -5,7 +5,8 @@ import random
 import numpy as np
 
 from kvscope.finalize import lcp
-from kvscope.records.tokens import PrefixIndex
+from kvscope.finalize.flatten import PAD, Flat
+from kvscope.records.tokens import PrefixIndex, common_prefix
 
 
 def test_longest_with_earlier_is_the_prefix_index() -> None:
@@ -29,3 +30,45 @@ def test_piece_ranks_order_pieces_by_their_tokens() -> None:
     assert offsets.tolist() == [0, 1, 2, 4, 5]
     # pieces: 512 | 51 | 099, 9 | 512: sorted 099 < 51 < 512 < 9
     assert ranks.tolist() == [2, 1, 0, 3, 2]
+
+
+def _as_views(ps: list[list[int]], flats: int, dtype: type = np.int32) -> list[np.ndarray]:
+    """The prompts as views of `flats` flat arrays, as records.tokens.load_tokens gives them."""
+    out: list[np.ndarray] = []
+    for part in np.array_split(np.arange(len(ps)), flats):
+        base = np.array([t for i in part for t in ps[i]], dtype=dtype)
+        at = 0
+        for i in part.tolist():
+            out.append(base[at : at + len(ps[i])])
+            at += len(ps[i])
+    return out
+
+
+def test_pieces_on_views_of_flat_arrays_are_the_prefix_index() -> None:
+    r = random.Random(11)
+    for _ in range(200):
+        head = [r.randrange(3) for _ in range(r.randrange(30))]
+        ps = [head[: r.randrange(len(head) + 1)] + [r.randrange(3) for _ in range(r.randrange(20))]
+              for _ in range(r.randrange(1, 16))]  # fmt: skip
+        index, want = PrefixIndex(), []
+        for p in ps:
+            want.append(index.longest(p))
+            index.add(p)
+        arrays = _as_views(ps, r.choice([1, 2, 5]), r.choice([np.int32, np.uint16, np.int64]))
+        pieces = lcp.Pieces.of(arrays, r.choice([1, 4, 16]))
+        assert pieces.longest_with_earlier() == want
+        a = np.array([r.randrange(len(ps)) for _ in range(20)])
+        b = np.array([r.randrange(len(ps)) for _ in range(20)])
+        got = pieces.common(a, b).tolist()
+        assert got == [common_prefix(ps[x], ps[y]) for x, y in zip(a, b, strict=True)]
+
+
+def test_flat_gathers_spans_of_views_lists_and_strided_arrays() -> None:
+    base = np.arange(100, 120, dtype=np.int32)
+    prompts = [base[2:6], base[10:13], np.array([7, 8, 9]), base[::2][:3], np.zeros(0, np.int32)]
+    flat = Flat.of(prompts)
+    assert len(flat.flats) == 4  # the views share one flat array; the others are their own
+    got = flat.gather(np.array([0, 1, 2, 3, 4, 0]), np.array([1, 0, 2, 1, 0, 3]),
+                      np.array([4, 3, 3, 3, 0, 4]), 3)  # fmt: skip
+    assert got.tolist() == [[103, 104, 105], [110, 111, 112], [9, PAD, PAD], [102, 104, PAD],
+                            [PAD, PAD, PAD], [105, PAD, PAD]]  # fmt: skip

@@ -159,9 +159,14 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
     Only windows matching a query are kept (a bitmap prefilter, then an exact match), so memory
     is that of the queries and one batch, not of every window of every prompt."""
     uniq, inverse = np.unique(queries, return_inverse=True)
+    return first_windows_of_sorted(prompts, size, uniq)[inverse]
+
+
+def first_windows_of_sorted(prompts: Sequence[Tokens], size: int, uniq: np.ndarray) -> np.ndarray:
+    """first_windows for queries that are sorted and distinct (np.unique's): one int64 each."""
     first = np.full(len(uniq), len(prompts), dtype=np.int64)
     if not len(uniq):
-        return first[inverse]
+        return first
     # the prefilter: a bitmap over a hash's top bits, ~1/16 full (small enough to stay cached)
     bits = min(max(len(uniq).bit_length() + 4, 16), 24)
     shift = np.uint64(64 - bits)
@@ -184,4 +189,4 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
         hit = uniq[at] == h
         which = np.searchsorted(starts, g[hit], side="right") - 1 + span.start
         np.minimum.at(first, at[hit], which)
-    return first[inverse]
+    return first

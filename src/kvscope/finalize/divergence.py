@@ -13,10 +13,10 @@ import numpy as np
 
 from kvscope.finalize import heaptrim
 from kvscope.finalize.gcpause import without_gc
-from kvscope.finalize.lcp import longest_with_earlier
-from kvscope.records.tokens import common_prefix
+from kvscope.finalize.lcp import Pieces
 
 Row = dict[str, Any]
+COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "max_reusable_tokens")
 
 
 @without_gc
@@ -25,25 +25,30 @@ def with_divergence(
 ) -> list[Row]:
     """The rows with the three columns filled where the request's prompt tokens are known:
     set in place (finalize's rows are its own; a copy of a 100k-call run's rows is ~150 MiB),
-    the same rows returned as a list."""
+    the same rows returned as a list. The common prefixes of all the pairs are found at once
+    (finalize.lcp.Pieces.common), not prompt pair by prompt pair."""
     order = [
         r for r in sorted(rows, key=lambda r: r["start_ns"])
         if tokens.get(r["request_uuid"]) is not None
     ]  # fmt: skip
-    prompts = [np.asarray(tokens[r["request_uuid"]]) for r in order]
-    longest = longest_with_earlier(prompts)
+    pieces = Pieces.of([np.asarray(tokens[r["request_uuid"]]) for r in order])
+    longest = pieces.longest_with_earlier()
     heaptrim.release()  # the prefix search's temporaries
-    last_call: dict[str, np.ndarray] = {}  # workflow -> its latest prompt
-    last_agent: dict[tuple[str, str], np.ndarray] = {}  # (workflow, agent) -> latest prompt
-    ints: dict[int | None, int | None] = {}  # one int object per distinct value (in every row)
-    for r, ids, reuse in zip(order, prompts, longest, strict=True):
+    last_call: dict[str, int] = {}  # workflow -> its latest prompt (index in order)
+    last_agent: dict[tuple[str, str], int] = {}  # (workflow, agent) -> its latest prompt
+    pairs: list[tuple[int, int, int]] = []  # (prompt, earlier prompt, column)
+    for i, r in enumerate(order):
         wf, agent = r["workflow_run_id"], r["agent_id"]
-        same, prev = last_agent.get((wf, agent)), last_call.get(wf)
-        cols = {
-            "first_divergence_same_agent": None if same is None else common_prefix(ids, same),
-            "first_divergence_previous_agent": None if prev is None else common_prefix(ids, prev),
-            "max_reusable_tokens": reuse,
-        }
-        r.update((k, ints.setdefault(v, v)) for k, v in cols.items())
-        last_call[wf] = last_agent[(wf, agent)] = ids
+        for column, earlier in enumerate((last_agent.get((wf, agent)), last_call.get(wf))):
+            if earlier is not None:
+                pairs.append((i, earlier, column))
+        last_call[wf] = last_agent[(wf, agent)] = i
+    which, earlier, column = np.array(pairs, dtype=np.int64).reshape(-1, 3).T
+    common = pieces.common(which, earlier).tolist()
+    values: list[list[int | None]] = [[None, None, n] for n in longest]
+    for i, c, n in zip(which.tolist(), column.tolist(), common, strict=True):
+        values[i][c] = n
+    ints: dict[int | None, int | None] = {}  # one int object per distinct value (in every row)
+    for r, v in zip(order, values, strict=True):
+        r.update((k, ints.setdefault(x, x)) for k, x in zip(COLUMNS, v, strict=True))
     return list(rows)

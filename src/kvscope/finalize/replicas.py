@@ -47,9 +47,12 @@ def from_kv_events(
 def place(
     rows: Sequence[Row], logs: Mapping[str, str], stored: Mapping[str, Iterable[str | None]]
 ) -> list[Row]:
-    """The rows with `replica` set: from the replicas' logs, else from their KV events (the
-    session_ids of the blocks each stored); None where neither tells one replica."""
+    """The rows with `replica` set in place (the same rows, as a list): from the replicas' logs,
+    else from their KV events (the session_ids of the blocks each stored); None where neither
+    tells one replica."""
     ids = [r["request_uuid"] for r in rows]
     by_log = from_logs(logs, ids)
     by_events = from_kv_events(stored, [i for i in ids if by_log[i] is None])
-    return [r | {"replica": by_log[i] or by_events.get(i)} for r, i in zip(rows, ids, strict=True)]
+    for r, i in zip(rows, ids, strict=True):
+        r["replica"] = by_log[i] or by_events.get(i)
+    return list(rows)

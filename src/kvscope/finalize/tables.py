@@ -21,9 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.collect.context import with_context
+from kvscope.collect.context import SERIES as CONTEXT_SERIES
+from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
-from kvscope.finalize import replicas
+from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import Ledger, build_ledger, provenance
 from kvscope.finalize.routing import routing_columns
@@ -60,26 +61,44 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    rows, skipped = requests.read_rows(run_dir)
-    rows = with_thread_turns(rows)
-    if exported:
-        rows = [_with_exported(r, exported.get(r["request_uuid"])) for r in rows]
-    tokens = load_tokens(run_dir)
-    if tokens:
-        rows = with_divergence(rows, tokens)
+    with heaptrim.arrow_on_heap():
+        return _finalize(run_dir, exported)
+
+
+def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
+    stream = working.read(run_dir)  # the passes set their columns on its rows, in place
+    rows = with_thread_turns(stream.rows)
+    for r in rows if exported else ():
+        _add_exported(r, exported.get(r["request_uuid"]))
     named = replica_dirs(run_dir)
     caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
     if named:
         rows = _placed(rows, caches)
-    for c in caches:
-        if series := metrics.load_series(c.folder):
-            rows = [with_context(r, series) if r.get("replica") == c.name else r for r in rows]
-    context = sum(r.get("cache_used_tokens_before") is not None for r in rows)
+    context = _with_context(rows, caches)  # before the prompt ids: its read is a transient
+    tokens = load_tokens(run_dir)
+    if tokens:
+        rows = with_divergence(rows, tokens)
     rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
-    requests.write_table(run_dir, rows)
-    done = Finalized(len(rows), skipped, context, n_blocks, report)
+    del tokens, caches  # the largest inputs, freed before the request table is built
+    heaptrim.release()
+    pq.write_table(working.table_with(stream.table, rows), run_dir / requests.REQUESTS_PARQUET)
+    done = Finalized(len(rows), stream.skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
+
+
+def _with_context(rows: list[Row], caches: list[_Cache]) -> int:
+    """The server context columns set on each row from its cache's /metrics series; how many
+    rows have them."""
+    for c in caches:
+        if series := metrics.load_series(c.folder, CONTEXT_SERIES):
+            mine = [r for r in rows if r.get("replica") == c.name]
+            ends = [r["end_ns"] for r in mine]
+            cols = context_columns([r["start_ns"] for r in mine], ends, series)
+            for r, values in zip(mine, zip(*cols.values(), strict=True), strict=True):
+                r.update(zip(cols, values, strict=True))
+    heaptrim.release()  # the series' read
+    return sum(r.get("cache_used_tokens_before") is not None for r in rows)
 
 
 def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
@@ -164,7 +183,8 @@ def convert(run_dir: Path) -> Finalized:
     return finalize(run_dir)
 
 
-def _with_exported(row: Row, timings: Mapping[str, float | None] | None) -> Row:
-    if not timings:
-        return row
-    return row | {k: v for k, v in timings.items() if v is not None and row.get(k) is None}
+def _add_exported(row: Row, timings: Mapping[str, float | None] | None) -> None:
+    """The engine's exported timings set on the row where it has none."""
+    for k, v in (timings or {}).items():
+        if k in working.EXPORTED and v is not None and row.get(k) is None:
+            row[k] = v

@@ -7,6 +7,7 @@ running_requests, ...), so that joins downstream need no engine's metric map.
 """
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,11 +124,30 @@ def load_table(run_dir: Path) -> pa.Table | None:
     return pq.read_table(path) if path.exists() else None
 
 
-def load_series(run_dir: Path) -> Series:
-    """kvscope's instant values: from metrics.parquet, else from the JSONL of a crashed run."""
-    table = load_table(run_dir)
-    if table is not None:
-        return instant_series(table)
+def _kvscope_rows(batch: pa.RecordBatch, names: Collection[str] | None) -> pa.RecordBatch:
+    mine = pc.starts_with(batch["metric_name"], KVSCOPE_PREFIX)
+    if names is not None:
+        mine = pc.and_(mine, pc.is_in(batch["kvscope_name"], pa.array(list(names), pa.string())))
+    return batch.filter(mine)
+
+
+def load_series(run_dir: Path, names: Collection[str] | None = None) -> Series:
+    """kvscope's instant values (`names`: only these), from metrics.parquet, else from the JSONL
+    of a crashed run.
+
+    The Parquet file is read a batch at a time, keeping only kvscope's rows of the three columns
+    needed (a 100k-call run's 3.4 M samples, read whole, took ~0.7 GB)."""
+    path = run_dir / METRICS_PARQUET
+    if path.exists():
+        file = pq.ParquetFile(path)
+        columns = ["metric_name", "kvscope_name", "timestamp_ns", "value"]
+        schema = pa.schema([file.schema_arrow.field(c) for c in columns])
+        kept = [
+            _kvscope_rows(b, names)
+            for b in file.iter_batches(1 << 16, columns=columns, use_threads=False)
+        ]
+        return instant_series(pa.Table.from_batches(kept, schema))
     if (run_dir / METRICS_JSONL).exists():
-        return instant_series_jsonl(run_dir / METRICS_JSONL)
+        series = instant_series_jsonl(run_dir / METRICS_JSONL)
+        return series if names is None else {k: v for k, v in series.items() if k in names}
     return {}

@@ -116,6 +116,16 @@ def longest_given_keys(
         a, b = by_key[i - 1], by_key[i]
         j = min(_common_pieces(keys[a], keys[b]) * chunk, len(arrays[a]), len(arrays[b]))
         adjacent[i] = j + common_prefix(arrays[a][j : j + chunk], arrays[b][j : j + chunk])
+    return longest_from_sorted(by_key, adjacent)
+
+
+def longest_from_sorted(by_key: Sequence[int], adjacent: Sequence[int]) -> list[int]:
+    """For each sequence, its longest common prefix with any sequence before it in the list,
+    given the sequences' lexicographic order (`by_key`: list indices, sorted) and the common
+    prefix of each sorted neighbour pair (`adjacent[i]`: of sorted i - 1 and i; adjacent[0]
+    unused). The nearest earlier sequence on each side in sorted order is found with a stack;
+    the common prefix with it is the least adjacent one between."""
+    n = len(by_key)
     out = [0] * n
     for side, step in ((range(n), 0), (range(n - 1, -1, -1), 1)):
         # [list index, least adjacent common prefix from it to the entry above / the position]
