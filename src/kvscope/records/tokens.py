@@ -30,8 +30,9 @@ def load_tokens(run_dir: Path) -> dict[str, np.ndarray]:
     """request_uuid -> its prompt token ids, as integer arrays; empty when the run has no stream.
 
     Every array has one dtype, the smallest holding every id of the stream: uint16 when all lie
-    in [0, 2**16) (2 bytes a token; most vocabularies), else int32, else int64. The arrays are
-    views of a few flat arrays (records.token_lines reads the stream in chunks, ~1 s for 800 MB).
+    in [0, 2**16) (2 bytes a token: vocabularies up to 65,536), else int32, else int64. The
+    arrays are views of a few flat arrays (records.token_lines reads the stream in chunks: ~2 s
+    for 800 MB).
     A line that is not a JSON object with a string request_uuid and a list of integer token_ids
     (a line torn by a crash) is skipped; a line whose token_ids is null is ignored; a
     request_uuid written twice keeps its last line. Consumers must not assume a signed dtype:
