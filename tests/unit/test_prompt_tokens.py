@@ -122,7 +122,9 @@ def test_load_tokens_as_int_arrays(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     got = load_tokens(tmp_path)
     assert {u: a.tolist() for u, a in got.items()} == {"a": [4], "b": []}
-    assert got["a"].dtype == np.int32
+    assert got["a"].dtype == got["b"].dtype == np.uint16  # every id in [0, 2**16)
+    path.write_text(json.dumps({"request_uuid": "c", "token_ids": [70_000, 1]}) + "\n")
+    assert load_tokens(tmp_path)["c"].dtype == np.int32  # too wide for uint16: int32
     path.write_text(json.dumps({"request_uuid": "c", "token_ids": [2**40]}) + "\n")
     assert load_tokens(tmp_path)["c"].tolist() == [2**40]  # too wide for int32: int64
     assert load_tokens(tmp_path / "none") == {}

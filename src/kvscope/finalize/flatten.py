@@ -68,5 +68,7 @@ class Flat:
             b = begin[rows]
             valid = b[:, None] + cols < end[rows][:, None]
             at = np.minimum((self.start[prompt[rows]] + b)[:, None] + cols, max(len(flat) - 1, 0))
-            out[rows] = np.where(valid, flat[at] if len(flat) else PAD, PAD)
+            # int64 before PAD joins them: uint16 ids (load_tokens) would wrap it to 65535
+            got = flat[at].astype(np.int64) if len(flat) else PAD
+            out[rows] = np.where(valid, got, PAD)
         return out
