@@ -75,6 +75,11 @@ def filled(r: dict[str, Any], n: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def line(row: dict[str, Any]) -> str:
+    """One JSONL line as kvscope's streams write it (records.base.JsonlWriter: compact)."""
+    return json.dumps(row, separators=(",", ":")) + "\n"
+
+
 def write_metrics(folder: Path, scrapes: int, end_ns: int) -> None:
     """metrics.parquet as a run writes it: `scrapes` scrapes over [0, end_ns], each with
     kvscope's instant values and ENGINE_SAMPLES engine samples (a recorded vLLM run's scrape had
@@ -104,18 +109,18 @@ def write_run(
     empty = dict.fromkeys(requests.COLUMNS)
     with (folder / requests.REQUESTS_JSONL).open("w") as f:
         for n, r in enumerate(rows):
-            f.write(json.dumps(empty | CONSTANT | r | filled(r, n)) + "\n")
+            f.write(line(empty | CONSTANT | r | filled(r, n)))
     with (folder / TOKENS_JSONL).open("w") as f:
         for uuid, ids in tokens.items():
-            f.write(json.dumps({"request_uuid": uuid, "token_ids": ids.tolist()}) + "\n")
+            f.write(line({"request_uuid": uuid, "token_ids": ids.tolist()}))
     del rows, tokens
     with (folder / KV_EVENTS_JSONL).open("w") as f:
         batch: Any = None
         kept: list[Any] = []
         for b, e in [*events, (None, None)]:  # the events of one batch are consecutive
             if b is not batch and batch is not None:
-                line = replace(batch, received_ns=batch.ts_ns, events=tuple(kept))
-                f.write(json.dumps(line.to_dict()) + "\n")
+                done = replace(batch, received_ns=batch.ts_ns, events=tuple(kept))
+                f.write(line(done.to_dict()))
                 kept = []
             batch = b
             if e is not None:
