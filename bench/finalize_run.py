@@ -102,9 +102,9 @@ def write_metrics(folder: Path, scrapes: int, end_ns: int) -> None:
 
 
 def write_run(
-    folder: Path, workflows: int, cycles: int, capacity_blocks: int, scrapes: int
+    folder: Path, workflows: int, cycles: int, capacity_blocks: int, scrapes: int, vocab: int
 ) -> None:
-    rows, tokens, events = synthetic(workflows, cycles, capacity_blocks)
+    rows, tokens, events = synthetic(workflows, cycles, capacity_blocks, vocab=vocab)
     write_metrics(folder, scrapes, max(r["end_ns"] for r in rows))
     empty = dict.fromkeys(requests.COLUMNS)
     with (folder / requests.REQUESTS_JSONL).open("w") as f:
@@ -132,6 +132,9 @@ def main() -> None:
     p.add_argument("--workflows", type=int, default=100)
     p.add_argument("--cycles", type=int, default=3)
     p.add_argument("--capacity-blocks", type=int, default=400)
+    p.add_argument("--vocab", type=int, default=50_000,
+                   help="token ids drawn below this (SmolLM2: 49,152; ids past 65,535 are held "
+                        "in 4 bytes, not 2)")  # fmt: skip
     p.add_argument("--scrapes", type=int, default=25_000,
                    help="/metrics scrapes in the run (a 0.2 s interval over ~83 min)")  # fmt: skip
     p.add_argument("--keep", type=Path, help="Write the run here and keep it (default: a tmp dir).")
@@ -140,7 +143,7 @@ def main() -> None:
         folder = a.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        write_run(folder, a.workflows, a.cycles, a.capacity_blocks, a.scrapes)
+        write_run(folder, a.workflows, a.cycles, a.capacity_blocks, a.scrapes, a.vocab)
         sizes = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("*.*"))}
         print(f"run written in {time.perf_counter() - t0:.1f} s: "
               + ", ".join(f"{n} {s:,.0f} MiB" for n, s in sizes.items()))  # fmt: skip

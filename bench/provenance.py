@@ -36,17 +36,20 @@ SUFFIX = 300
 Run = tuple[list[dict[str, Any]], dict[str, np.ndarray], list[tuple[KvBatch, KvEvent]]]
 
 
-def synthetic(workflows: int, cycles: int, capacity_blocks: int, seed: int = 0) -> Run:
-    """The run's request rows, prompt tokens (request_uuid -> int32 array) and KV events."""
+def synthetic(
+    workflows: int, cycles: int, capacity_blocks: int, seed: int = 0, vocab: int = 50_000
+) -> Run:
+    """The run's request rows, prompt tokens (request_uuid -> int32 array, ids below `vocab`)
+    and KV events."""
     rng = np.random.default_rng(seed)
     n = workflows * cycles * len(AGENTS)
-    shared = rng.integers(50_000, size=4 * BLOCK, dtype=np.int32)
-    fixed = rng.integers(50_000, size=(len(AGENTS), 3 * BLOCK), dtype=np.int32)
+    shared = rng.integers(vocab, size=4 * BLOCK, dtype=np.int32)
+    fixed = rng.integers(vocab, size=(len(AGENTS), 3 * BLOCK), dtype=np.int32)
     head = np.concatenate([np.broadcast_to(shared, (len(AGENTS), len(shared))), fixed], axis=1)
     prompts = np.empty((n, head.shape[1] + SUFFIX), dtype=np.int32)
     # filled in place (a tiled copy of the heads was a 342 MiB transient at 100k requests)
     prompts[:, : head.shape[1]].reshape(n // len(AGENTS), len(AGENTS), -1)[:] = head
-    prompts[:, head.shape[1] :] = rng.integers(50_000, size=(n, SUFFIX), dtype=np.int32)
+    prompts[:, head.shape[1] :] = rng.integers(vocab, size=(n, SUFFIX), dtype=np.int32)
     keys, _, offsets = prompt_blocks(prompts, BLOCK)
     # the events' block hashes: the keys as int64 (engines' hashes fit the table's int64 column),
     # made Python ints one request at a time (a list of all of them left ~50 MiB of freed,
