@@ -45,43 +45,71 @@ _CHUNK = 8192  # full rows held at once while the table is built line by line
 class Stream:
     """requests.jsonl as finalize reads it."""
 
-    table: pa.Table  # every column (records.requests.ARROW_SCHEMA), one row per line read
+    packed: pa.Buffer  # every column (records.requests.ARROW_SCHEMA), one row per line read, as
+    # a zstd-compressed Arrow IPC stream: held through finalize's peak (100k rows: 66 MiB -> 7)
     rows: list[Row]  # the same rows in the same order: KEPT, then SET as the passes set them
     skipped: int  # unreadable lines (a torn write)
+
+    @property
+    def table(self) -> pa.Table:
+        """The full table, unpacked (~0.06 s at 100k rows)."""
+        return pa.ipc.open_stream(self.packed).read_all()
 
 
 def read(run_dir: Path) -> Stream:
     """The request stream as the full table and the working rows (see the module docstring)."""
     path = run_dir / requests.REQUESTS_JSONL
+    skipped = 0
     try:
         table = pa_json.read_json(path, parse_options=_PARSE).cast(requests.ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return _line_by_line(path)
+        table, skipped = _line_by_line(path)
     table = table.combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_PACK) as packer:
+        packer.write_table(table)
+    rows = _rows(table)
+    del table
     heaptrim.release()  # the reader's blocks (finalize reads with Arrow on the C heap)
-    return Stream(table, table.select(list(KEPT)).to_pylist(), 0)
+    return Stream(sink.getvalue(), rows, skipped)
 
 
 _PARSE = pa_json.ParseOptions(
     explicit_schema=requests.ARROW_SCHEMA, unexpected_field_behavior="ignore"
 )
+_PACK = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
-def _line_by_line(path: Path) -> Stream:
-    """read(), one line at a time: unreadable lines are skipped and counted."""
+def _line_by_line(path: Path) -> tuple[pa.Table, int]:
+    """The table, one line at a time: unreadable lines are skipped and counted."""
     tables: list[pa.Table] = []
     full: list[Row] = []
 
-    def working(row: Row) -> Row:
+    def keep(row: Row) -> None:
         full.append(row)
         if len(full) == _CHUNK:
             tables.append(requests.to_table(full))
             full.clear()
-        return {k: row.get(k) for k in KEPT}
 
-    rows, skipped = read_jsonl(path, working)
+    skipped = read_jsonl(path, keep)[1]
     tables.append(requests.to_table(full))
-    return Stream(pa.concat_tables(tables).combine_chunks(), rows, skipped)
+    return pa.concat_tables(tables), skipped
+
+
+def _rows(table: pa.Table) -> list[Row]:
+    """The KEPT columns as a dict per row; a value repeated down a column is one object in all
+    its rows (status, agent, workflow, counts: ~35 MiB less at 100k rows)."""
+    columns = []
+    for name in KEPT:
+        column = table.column(name)
+        distinct = pc.unique(column)
+        if 2 * len(distinct) < len(column):
+            values = distinct.to_pylist()
+            at = pc.index_in(column, value_set=distinct).to_numpy(zero_copy_only=False)
+            columns.append([values[i] for i in at.tolist()])
+        else:
+            columns.append(column.to_pylist())
+    return [dict(zip(KEPT, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def table_with(table: pa.Table, rows: Sequence[Row]) -> pa.Table:
