@@ -90,15 +90,16 @@ def batches(prompts: Sequence[Tokens], budget: int = BATCH_TOKENS) -> Iterator[r
 
 
 def prompt_blocks(
-    prompts: Sequence[Tokens], size: int
+    prompts: Sequence[Tokens], size: int, hashes: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(keys, hashes, offsets) of every full block of every prompt, flat: prompt i's blocks are
-    [offsets[i], offsets[i + 1]). keys: the chained prefix keys; hashes: the blocks' own hashes."""
+    [offsets[i], offsets[i + 1]). keys: the chained prefix keys; hashes: the blocks' own hashes
+    (empty when not asked for: they follow from the keys, see multiplier)."""
     counts = np.array([len(p) // size for p in prompts], dtype=np.int64)
     offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     keys = np.empty(int(offsets[-1]), dtype=np.uint64)
-    hashes = np.empty_like(keys)
+    own = np.empty(len(keys) if hashes else 0, dtype=np.uint64)
     for span in batches(prompts):
         G, starts = _cumsum([prompts[i] for i in span])
         c = counts[span.start : span.stop]
@@ -108,8 +109,9 @@ def prompt_blocks(
         end = first + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
         lo, hi = offsets[span.start], offsets[span.stop]
         keys[lo:hi] = _span_hashes(G, first, end)
-        hashes[lo:hi] = _span_hashes(G, end - size, end)
-    return keys, hashes, offsets
+        if hashes:
+            own[lo:hi] = _span_hashes(G, end - size, end)
+    return keys, own, offsets
 
 
 def piece_hashes(prompts: Sequence[Tokens], size: int) -> np.ndarray:

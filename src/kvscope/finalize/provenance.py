@@ -25,7 +25,7 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,10 +48,22 @@ __all__ = ["BlockLife", "Ledger", "Provenance", "admitted_ns", "build_ledger", "
 
 @dataclass(frozen=True)
 class Provenance:
-    rows: list[Row]  # the request rows, their provenance columns filled (in place)
+    rows: list[Row]  # the request rows, their provenance columns filled (in place) by apply()
     table: pa.Table  # the block table (records.blocks.BLOCKS_SCHEMA), one row per block life
     skipped: dict[str, int]  # requests left null, by reason
     queue_unknown: int = 0  # requests classified at their send time: no queue time reported
+    # the classified rows and their columns, until apply() sets them (provenance(defer=True))
+    pending: tuple[list[Row], dict[str, list[int]]] | None = None
+
+    def apply(self) -> None:
+        """Set the pending columns on their rows (nothing when none is pending)."""
+        if self.pending is None:
+            return
+        done, columns = self.pending
+        ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
+        for r, values in zip(done, zip(*columns.values(), strict=True), strict=True):
+            r.update((k, ints.setdefault(v, v)) for k, v in zip(columns, values, strict=True))
+        done.clear()
 
     @property
     def blocks(self) -> list[Row]:
@@ -66,8 +78,17 @@ class _Prompts:
     listed: list[Tokens]  # their token ids
     position: list[int]  # index in the start order of each prompt
     keys: np.ndarray  # chained prefix keys, flat (uint64: 8 bytes a block, not a Python int)
-    hashes: np.ndarray  # the blocks' own hashes, flat
     offsets: np.ndarray  # prompt j's blocks are [offsets[j], offsets[j + 1])
+    size: int  # tokens a block
+
+    def hashes(self, flat: np.ndarray) -> np.ndarray:
+        """The blocks' own hashes, from their keys: a key chains on its parent's (blockhash:
+        key = parent * B^size + hash; a prompt's first block's parent key is 0), so the hashes
+        need not be held beside the keys (~60 MiB at 100k prompts)."""
+        first = flat == self.offsets[self.holder(flat)]
+        parent = np.where(first, 0, self.keys[np.maximum(flat - 1, 0)])
+        with np.errstate(over="ignore"):
+            return self.keys[flat] - parent * np.uint64(blockhash.multiplier(self.size))
 
     def seen_before(self, flat: np.ndarray) -> np.ndarray:
         """For flat blocks: whether a prompt that started earlier holds the same prefix key.
@@ -92,19 +113,25 @@ class _Prompts:
 def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
     position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
     listed = [tokens[order[p]["request_uuid"]] for p in position]
-    keys, hashes, offsets = blockhash.prompt_blocks(listed, size)
-    return _Prompts(listed, position, keys, hashes, offsets)
+    keys, _, offsets = blockhash.prompt_blocks(listed, size, hashes=False)
+    return _Prompts(listed, position, keys, offsets, size)
 
 
 @without_gc
 def provenance(
-    rows: Sequence[Row], tokens: Mapping[str, Tokens], ledger: Ledger, replica: str | None = None
+    rows: Sequence[Row],
+    tokens: Mapping[str, Tokens],
+    ledger: Ledger,
+    replica: str | None = None,
+    defer: bool = False,
 ) -> Provenance:
     """Per-request provenance columns and the block table (owners, evictors, harm): `rows` the
     calls one cache served, `ledger` that cache's blocks (`replica`: its name in a deployment).
 
     The columns are set on the rows in place (finalize's rows are its own: new dicts for a
-    100k-call run were ~200 MiB more at its peak); Provenance.rows lists the same rows."""
+    100k-call run were ~200 MiB more at its peak); Provenance.rows lists the same rows. With
+    `defer`, they are set by Provenance.apply() (finalize: once the prompt ids are freed, as the
+    rows' dicts grow by ~60 MiB at 100k calls)."""
     size = ledger.block_size
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
@@ -129,7 +156,6 @@ def provenance(
             skipped[reason] += 1
     lives = _outcomes(ledger, owner, attribution, *_evictors(ledger, order, by_uuid))
     found = _match(ledger, lives, done, np.asarray(prompt_of), prompts, by_uuid)
-    prompts = replace(prompts, keys=prompts.keys[:0])  # the keys are matched: freed (~60 MiB)
     layout = _layout_blocks(prompts, size, found.asks, found.asker, len(done))
     # the pass's state is freed (and its heap given back: neither Arrow's buffers nor the row
     # dicts come from that heap) before the table, then the lives before the rows
@@ -138,12 +164,13 @@ def provenance(
     table = block_table(lives, by_uuid, replica)
     del lives
     heaptrim.release()
-    ints: dict[int, int] = {}  # one int object per distinct value, shared by the rows
-    columns = _columns(done, found, layout, size)
-    for r, values in zip(done, zip(*columns.values(), strict=True), strict=True):
-        r.update((k, ints.setdefault(v, v)) for k, v in zip(columns, values, strict=True))
     unknown = sum(r.get("queue_ms") is None for r in done)
-    return Provenance(list(rows), table, dict(skipped), unknown)
+    out = Provenance(
+        list(rows), table, dict(skipped), unknown, (done, _columns(done, found, layout, size))
+    )
+    if not defer:
+        out.apply()
+    return out
 
 
 def _outcomes(
@@ -259,11 +286,11 @@ def _layout_blocks(
     out = np.zeros(n, dtype=np.int64)
     if not len(asks):
         return out
-    uniq = np.unique(prompts.hashes[asks])
+    uniq = np.unique(prompts.hashes(asks))
     first = blockhash.first_windows_of_sorted(prompts.listed, size, uniq)
     for lo in range(0, len(asks), _CHUNK):  # temporaries of a chunk, not of every ask
         part = asks[lo : lo + _CHUNK]
-        found = first[np.searchsorted(uniq, prompts.hashes[part])] < prompts.holder(part)
+        found = first[np.searchsorted(uniq, prompts.hashes(part))] < prompts.holder(part)
         out += np.bincount(asker[lo : lo + _CHUNK][found], minlength=n)
     return out
 

@@ -14,7 +14,7 @@ miss from all of them (finalize.routing); the event and block tables carry a `re
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
 from kvscope.finalize.ledger import ledger_of
-from kvscope.finalize.provenance import Ledger, provenance
+from kvscope.finalize.provenance import Ledger, Provenance, provenance
 from kvscope.finalize.routing import routing_columns
 from kvscope.finalize.threads import with_thread_turns
 from kvscope.records import kv_events, metrics, requests
@@ -70,18 +70,21 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     rows = with_thread_turns(stream.rows)
     for r in rows if exported else ():
         _add_exported(r, exported.get(r["request_uuid"]))
-    named = replica_dirs(run_dir)
-    caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
-    if named:
-        rows = _placed(rows, caches)
-    context = _with_context(rows, caches)  # before the prompt ids: its read is a transient
     tokens = load_tokens(run_dir)
     heaptrim.release()  # the reader's chunks (~70 MiB at 100k calls)
     if tokens:
         rows = with_divergence(rows, tokens)
-    rows, n_blocks, report = _provenance(run_dir, rows, tokens, caches)
-    del tokens, caches  # the largest inputs, freed before the request table is built
+    named = replica_dirs(run_dir)
+    caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
+    heaptrim.release()  # the event reader's blocks
+    if named:
+        rows = _placed(rows, caches)
+    context = _with_context(rows, caches)
+    rows, n_blocks, report, found = _provenance(run_dir, rows, tokens, caches)
+    del tokens, caches  # the largest inputs, freed before the rows grow and the table is built
     heaptrim.release()
+    for p in found:
+        p.apply()
     pq.write_table(working.table_with(stream.table, rows), run_dir / requests.REQUESTS_PARQUET)
     done = Finalized(len(rows), stream.skipped, context, n_blocks, report)
     done.write(run_dir)
@@ -114,14 +117,13 @@ def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
 
 def _provenance(
     run_dir: Path, rows: list[Row], tokens: Mapping[str, Any], caches: list[_Cache]
-) -> tuple[list[Row], int, KvReport | None]:
-    """Provenance per cache, routing misses across them; the event and block tables written,
-    each cache's as soon as it is made (not held through the next cache's provenance)."""
+) -> tuple[list[Row], int, KvReport | None, list[Provenance]]:
+    """Provenance per cache (its columns pending: Provenance.apply), routing misses across them;
+    the event and block tables written, each cache's as soon as it is made."""
     with_events = [c for c in caches if c.events is not None]
     if not with_events:
-        return rows, 0, None
-    ledgers, reports, n_blocks = {}, [], 0
-    out = {r["request_uuid"]: r for r in rows}
+        return rows, 0, None, []
+    ledgers, reports, n_blocks, found = {}, [], 0, []
     with (
         pq.ParquetWriter(run_dir / kv_events.KV_EVENTS_PARQUET, kv_events.EVENTS_SCHEMA) as ev,
         pq.ParquetWriter(run_dir / BLOCKS_PARQUET, BLOCKS_SCHEMA) as bl,
@@ -129,20 +131,20 @@ def _provenance(
         for c in with_events:
             assert c.events is not None
             ev.write_table(events_table(c.events, c.name))
+            heaptrim.release()  # the event table's buffers
             ledger = ledger_of(c.events)
             mine = [r for r in rows if r.get("replica") == c.name]
-            prov = provenance(mine, tokens, ledger, c.name)
-            out.update((r["request_uuid"], r) for r in prov.rows)
+            prov = provenance(mine, tokens, ledger, c.name, defer=True)
             bl.write_table(prov.table)
             n_blocks += prov.table.num_rows
             ledgers[str(c.name)] = ledger
             reports.append(_report(c, ledger, prov.skipped, prov.queue_unknown))
+            found.append(replace(prov, table=prov.table.schema.empty_table()))  # written
             del prov
-    rows = [out[r["request_uuid"]] for r in rows]
     if caches[0].name is not None:
         rows = routing_columns(rows, tokens, ledgers)
     report = reports[0] if caches[0].name is None else _merged(reports, with_events, rows)
-    return rows, n_blocks, report
+    return rows, n_blocks, report, found
 
 
 def _report(c: _Cache, ledger: Ledger, skipped: dict[str, int], unknown: int) -> KvReport:
