@@ -113,7 +113,7 @@ def piece_ranks(
 def _lexicographic(flat: Flat, owner: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The order of the spans arrays[owner[k]][start[k] : end[k]], lexicographic by tokens.
 
-    Sorted by their first _STEP tokens (padded with _PAD), then the runs of spans still tied
+    Sorted by their first _STEP tokens (padded with flatten.PAD), then the runs of spans still tied
     by their next _STEP tokens, all runs in one sort (the run as the first key), until no run
     is left or the tokens are exhausted."""
     order = np.arange(len(owner))
@@ -137,7 +137,7 @@ def _lexicographic(flat: Flat, owner: np.ndarray, start: np.ndarray, end: np.nda
 
 
 def _columns(flat: Flat, owner: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """(len(owner), _STEP) int64: tokens begin .. begin + _STEP of each span, _PAD past its end.
+    """(len(owner), _STEP) int64: tokens begin .. begin + _STEP of each span, PAD past its end.
 
     Gathered _GROUP spans at a time, so the temporaries are those of a group, not of every span."""
     out = np.empty((len(owner), _STEP), dtype=np.int64)
