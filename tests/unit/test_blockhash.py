@@ -1,13 +1,11 @@
 """finalize.blockhash: block keys chain like the engines', windows are found at any offset."""
 
 import gc
-import random
 
 import numpy as np
 
 from kvscope.finalize import blockhash
 from kvscope.finalize.gcpause import gc_paused
-from kvscope.records.tokens import PrefixIndex, longest_with_earlier
 
 rng = np.random.default_rng(7)
 A = rng.integers(0, 50_000, size=40)
@@ -54,19 +52,6 @@ def test_windows_are_found_at_any_offset_in_the_first_prompt_holding_them() -> N
     across = blockhash.prompt_blocks([np.concatenate([A[5:7], A[30:32]])], size)[1]
     assert blockhash.first_windows(prompts, size, across).tolist() == [4]
     assert blockhash.first_windows(prompts, size, np.zeros(0, np.uint64)).tolist() == []
-
-
-def test_longest_with_earlier_is_the_prefix_index() -> None:
-    prompts = [[1, 2, 3, 4], [1, 5], [7, 7, 7], [1, 2, 9], [1, 2, 3, 8], [1, 2, 3, 4], [], [8]]
-    assert longest_with_earlier(prompts, chunk=2) == [0, 1, 0, 2, 3, 4, 0, 0]
-    r = random.Random(3)
-    for _ in range(300):
-        ps = [[r.randrange(3) for _ in range(r.randrange(12))] for _ in range(r.randrange(12))]
-        index, want = PrefixIndex(), []
-        for p in ps:
-            want.append(index.longest(p))
-            index.add(p)
-        assert longest_with_earlier(ps, chunk=r.choice([1, 3, 256])) == want
 
 
 def test_gc_paused_restores_the_collector() -> None:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from kvscope.finalize import blockhash
 from kvscope.finalize.gcpause import without_gc
-from kvscope.records.kv_events import EVENTS_SCHEMA, LIVE, REPLAY
+from kvscope.records.kv_events import EVENTS_SCHEMA, LIVE, REPLAY, missing_seqs
 
 if TYPE_CHECKING:
     from kvscope.records.kv_events import KvBatch
@@ -283,7 +283,7 @@ class _Builder:
             medium=col["medium"].take(order), first_row=new_first,
             block_hash=col["block_hash"][rows], own_hash=own_hash[rows], hashed=hashed[rows],
             ledger_size=ledger_size, batches=len(seq),
-            missing=int(seqs[-1] - seqs[0] + 1 - len(seqs)) if len(seqs) else 0,
+            missing=missing_seqs(seqs),
             recovered=pc.sum(pc.equal(col["source"], REPLAY)).as_py() or 0, torn=torn,
         )  # fmt: skip
 

@@ -1,9 +1,10 @@
 """The longest common prefix of each prompt with any earlier one, on arrays (first divergence).
 
-Same answer and algorithm as records.tokens.longest_with_earlier (sort the prompts once; the
-longest common prefix with an earlier one is reached at the nearest earlier ones in sorted
-order), but the piece keys are found without holding every distinct piece's bytes (a dict of
-them was ~200 MB at 100k prompts): each `chunk`-token piece is hashed (finalize.blockhash, in
+The answer of records.tokens.PrefixIndex (its longest, then add, for each prompt in turn), all
+at once: the prompts are sorted once; the longest common prefix with an earlier one is reached
+at the nearest earlier ones in sorted order (longest_from_sorted). The sort keys are the ranks
+of the prompts' `chunk`-token pieces, found without holding every distinct piece's bytes (a
+dict of them was ~200 MB at 100k prompts): each piece is hashed (finalize.blockhash, in
 batches), the distinct hashes are the distinct pieces (up to hash collisions, about n^2 / 2^64
 for n pieces, as for block keys), and only those are ordered, by their tokens, `_STEP` tokens
 at a time and only among the pieces still tied, so memory is a few arrays per piece.
@@ -17,7 +18,7 @@ import numpy as np
 
 from kvscope.finalize import blockhash
 from kvscope.finalize.flatten import Flat
-from kvscope.records.tokens import common_prefix, longest_from_sorted
+from kvscope.records.tokens import common_prefix
 
 _STEP = 16  # tokens compared per refinement round
 _GROUP = 1 << 16  # spans whose tokens are gathered at once
@@ -144,4 +145,29 @@ def _columns(flat: Flat, owner: np.ndarray, begin: np.ndarray, end: np.ndarray) 
     for g in range(0, len(owner), _GROUP):
         part = slice(g, g + _GROUP)
         out[part] = flat.gather(owner[part], begin[part], end[part], _STEP)
+    return out
+
+
+def longest_from_sorted(by_key: Sequence[int], adjacent: Sequence[int]) -> list[int]:
+    """For each sequence, its longest common prefix with any sequence before it in the list,
+    given the sequences' lexicographic order (`by_key`: list indices, sorted) and the common
+    prefix of each sorted neighbour pair (`adjacent[i]`: of sorted i - 1 and i; adjacent[0]
+    unused). The nearest earlier sequence on each side in sorted order is found with a stack;
+    the common prefix with it is the least adjacent one between."""
+    n = len(by_key)
+    out = [0] * n
+    for side, step in ((range(n), 0), (range(n - 1, -1, -1), 1)):
+        # [list index, least adjacent common prefix from it to the entry above / the position]
+        stack: list[list[int]] = []
+        for i in side:
+            q = by_key[i]
+            if stack:
+                stack[-1][1] = min(stack[-1][1], adjacent[i + step])
+                while stack and stack[-1][0] > q:  # later than q: never nearest earlier again
+                    least = stack.pop()[1]
+                    if stack:
+                        stack[-1][1] = min(stack[-1][1], least)
+                if stack:
+                    out[q] = max(out[q], stack[-1][1])
+            stack.append([q, 1 << 62])
     return out

@@ -5,7 +5,7 @@ Events are BlockStored / BlockRemoved / AllBlocksCleared, in kvscope's words "st
 "cleared"; block hashes are signed 64-bit ints whatever the engine sent.
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -82,9 +82,13 @@ def events_of(batches: Iterable[KvBatch]) -> Iterator[tuple[KvBatch, KvEvent]]:
 
 def holes(batches: Sequence[KvBatch]) -> tuple[int, int]:
     """(missing seqs between the first and last batch kept, batches that came from replay)."""
-    seqs = sorted({b.seq for b in batches})
-    missing = (seqs[-1] - seqs[0] + 1 - len(seqs)) if seqs else 0
-    return missing, sum(b.source == REPLAY for b in batches)
+    return missing_seqs({b.seq for b in batches}), sum(b.source == REPLAY for b in batches)
+
+
+def missing_seqs(distinct: Collection[int]) -> int:
+    """How many seqs lie between the least and greatest of `distinct` (each seq once) and are
+    not among them."""
+    return int(max(distinct) - min(distinct) + 1 - len(distinct)) if len(distinct) else 0
 
 
 @dataclass(frozen=True)
