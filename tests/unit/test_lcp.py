@@ -5,7 +5,7 @@ import random
 import numpy as np
 
 from kvscope.finalize import lcp
-from kvscope.finalize.flatten import PAD, Flat
+from kvscope.finalize.prompts import Prompts
 from kvscope.records.tokens import PrefixIndex, common_prefix
 
 
@@ -26,10 +26,10 @@ def test_longest_with_earlier_is_the_prefix_index() -> None:
 
 def test_piece_ranks_order_pieces_by_their_tokens() -> None:
     arrays = [np.array(p, dtype=np.int32) for p in ([5, 1, 2], [5, 1], [0, 9, 9, 9], [5, 1, 2])]
-    ranks, offsets = lcp.piece_ranks(arrays, 3)
-    assert offsets.tolist() == [0, 1, 2, 4, 5]
-    # pieces: 512 | 51 | 099, 9 | 512: sorted 099 < 51 < 512 < 9
-    assert ranks.tolist() == [2, 1, 0, 3, 2]
+    prompts = Prompts.of(arrays, 3)
+    assert prompts.offsets.tolist() == [0, 1, 2, 4, 5]
+    # pieces: 512 | 51 | 099, 9 | 512 (held once): sorted 099 < 51 < 512 < 9
+    assert lcp.piece_ranks(prompts)[prompts.seq].tolist() == [2, 1, 0, 3, 2]
 
 
 def _as_views(ps: list[list[int]], flats: int, dtype: type = np.int32) -> list[np.ndarray]:
@@ -61,14 +61,3 @@ def test_pieces_on_views_of_flat_arrays_are_the_prefix_index() -> None:
         b = np.array([r.randrange(len(ps)) for _ in range(20)])
         got = pieces.common(a, b).tolist()
         assert got == [common_prefix(ps[x], ps[y]) for x, y in zip(a, b, strict=True)]
-
-
-def test_flat_gathers_spans_of_views_lists_and_strided_arrays() -> None:
-    base = np.arange(100, 120, dtype=np.int32)
-    prompts = [base[2:6], base[10:13], np.array([7, 8, 9]), base[::2][:3], np.zeros(0, np.int32)]
-    flat = Flat.of(prompts)
-    assert len(flat.flats) == 4  # the views share one flat array; the others are their own
-    got = flat.gather(np.array([0, 1, 2, 3, 4, 0]), np.array([1, 0, 2, 1, 0, 3]),
-                      np.array([4, 3, 3, 3, 0, 4]), 3)  # fmt: skip
-    assert got.tolist() == [[103, 104, 105], [110, 111, 112], [9, PAD, PAD], [102, 104, PAD],
-                            [PAD, PAD, PAD], [105, PAD, PAD]]  # fmt: skip

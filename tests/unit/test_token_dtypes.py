@@ -7,6 +7,7 @@ import random
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from helpers import ROOT
 
 from kvscope.finalize import blockhash, finalize, lcp
 from kvscope.finalize.divergence import with_divergence
+from kvscope.finalize.prompts import Prompts, load_prompts
 from kvscope.records import requests
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.kv_events import KV_EVENTS_PARQUET
@@ -55,14 +57,19 @@ def test_block_keys_hashes_and_windows_do_not_depend_on_the_dtype(seed: int) -> 
     ps = prompts(seed)
     for size in (1, 4, 16):
         want_blocks = blockhash.prompt_blocks(ps, size)  # Python ints
-        want_pieces = blockhash.piece_hashes(ps, size)
+        flat, ends = (
+            np.concatenate([np.array(p, np.int64) for p in ps]),
+            np.cumsum(list(map(len, ps))),
+        )
+        spans = (ends - np.array(list(map(len, ps))), ends)
+        want_pieces = blockhash.span_hashes(flat, *spans)
         queries = want_blocks[1][::3]
         want_first = blockhash.first_windows(ps, size, queries)
         for dtype in DTYPES:
             arrays = as_dtype(ps, dtype)
             got = blockhash.prompt_blocks(arrays, size)
             assert all(np.array_equal(x, y) for x, y in zip(got, want_blocks, strict=True))
-            assert np.array_equal(blockhash.piece_hashes(arrays, size), want_pieces)
+            assert np.array_equal(blockhash.span_hashes(flat.astype(dtype), *spans), want_pieces)
             assert np.array_equal(blockhash.first_windows(arrays, size, queries), want_first)
         # a prompt's ids as uint16 against the KV events' ids as int32: the same block keys
         mixed = as_dtype(ps[:15], np.uint16) + as_dtype(ps[15:], np.int32)
@@ -116,11 +123,15 @@ def as_int32(monkeypatch: pytest.MonkeyPatch) -> Callable[[], AbstractContextMan
     def widened(run_dir: Path) -> dict[str, np.ndarray]:
         return {u: a.astype(np.int32) for u, a in load_tokens(run_dir).items()}
 
+    def widened_prompts(run_dir: Path) -> Prompts:
+        prompts = load_prompts(run_dir)
+        return replace(prompts, rows=prompts.rows.astype(np.int32))
+
     @contextmanager
     def use() -> Iterator[None]:
         with monkeypatch.context() as m:
-            for module in ("kvscope.finalize.tables", "kvscope.replay.sources"):
-                m.setattr(f"{module}.load_tokens", widened)
+            m.setattr("kvscope.replay.sources.load_tokens", widened)
+            m.setattr("kvscope.finalize.tables.load_prompts", widened_prompts)
             m.setattr(convert, "load_tokens", widened)
             m.setattr(live, "load_tokens", widened)
             yield
@@ -140,6 +151,7 @@ def test_finalize_gives_the_same_tables_with_uint16_ids(
     tmp_path: Path, run: Path, as_int32: Callable[[], AbstractContextManager[None]]
 ) -> None:
     assert load_tokens(run) and all(a.dtype == np.uint16 for a in load_tokens(run).values())
+    assert load_prompts(run).dtype == np.uint16
     narrow, wide = shutil.copytree(run, tmp_path / "u16"), shutil.copytree(run, tmp_path / "i32")
     finalize(narrow)
     with as_int32():

@@ -17,6 +17,7 @@ about `BATCH_TOKENS` tokens, so memory does not grow with the run.
 """
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -26,6 +27,33 @@ _K1, _K2 = 0x9E3779B97F4A7C15, 0x632BE59BD9B4E019
 BATCH_TOKENS = 1 << 20
 
 Tokens = Sequence[int] | np.ndarray
+
+
+class Batches(Protocol):
+    """Prompts given as their lengths and, for a range of them, their tokens end to end
+    (finalize.prompts.Prompts, which holds each distinct piece once, or a list: as_batches)."""
+
+    @property
+    def lengths(self) -> np.ndarray: ...  # int64, per prompt
+
+    def concat(self, lo: int, hi: int) -> np.ndarray: ...  # prompts lo .. hi - 1, end to end
+
+
+class _Listed:
+    """A sequence of token sequences as Batches."""
+
+    def __init__(self, prompts: Sequence[Tokens]) -> None:
+        self.prompts = prompts
+        self.lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+
+    def concat(self, lo: int, hi: int) -> np.ndarray:
+        parts = [np.asarray(p) for p in self.prompts[lo:hi] if len(p)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def as_batches(prompts: "Sequence[Tokens] | Batches") -> Batches:
+    """`prompts` as Batches: itself when it is (it has `concat`), else a list's adapter."""
+    return prompts if hasattr(prompts, "concat") else _Listed(prompts)  # type: ignore[arg-type,return-value]
 
 
 def _powers(base: int, n: int) -> np.ndarray:
@@ -53,16 +81,17 @@ class _Powers:
 _POW = _Powers()
 
 
-def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
-    """(G, starts): the batch's exclusive cumsum (len total + 1) and the prompts' bounds in it."""
-    starts = np.zeros(len(prompts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in prompts], out=starts[1:])
+def _cumsum(flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(G, starts): the exclusive cumsum (len total + 1) of prompts laid end to end in `flat`
+    (their `lengths`), and the prompts' bounds in it."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
     total = int(starts[-1])
     _POW.need(total)  # B^-i for i < total; B^(e-1) for a span's end e <= total
     G = np.zeros(total + 1, dtype=np.uint64)
     if total:
         # x(t) = t * K1 + K2, then * B^-i: int64 -> uint64 keeps distinct ids distinct
-        x = np.concatenate([p for p in prompts if len(p)]).astype(np.int64).view(np.uint64)
+        x = flat.astype(np.int64).view(np.uint64)
         with np.errstate(over="ignore"):
             x *= np.uint64(_K1)
             x += np.uint64(_K2)
@@ -71,40 +100,46 @@ def _cumsum(prompts: Sequence[Tokens]) -> tuple[np.ndarray, np.ndarray]:
     return G, starts
 
 
+def _batch(prompts: Batches, span: range) -> tuple[np.ndarray, np.ndarray]:
+    """_cumsum of the prompts in `span`."""
+    return _cumsum(prompts.concat(span.start, span.stop), prompts.lengths[span.start : span.stop])
+
+
 def _span_hashes(G: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
     """h of the tokens [begin, end) of the batch, for each span."""
     with np.errstate(over="ignore"):
         return (G[end] - G[begin]) * _POW.fwd[end - 1]
 
 
-def batches(prompts: Sequence[Tokens], budget: int = BATCH_TOKENS) -> Iterator[range]:
-    """Consecutive index ranges of prompts holding about `budget` tokens each."""
-    i, n = 0, len(prompts)
+def batches(lengths: np.ndarray, budget: int = BATCH_TOKENS) -> Iterator[range]:
+    """Consecutive index ranges of prompts (their `lengths`) holding about `budget` tokens each
+    (one prompt longer than that is a range of its own)."""
+    ends = np.cumsum(lengths, dtype=np.int64)
+    i, n = 0, len(lengths)
     while i < n:
-        j, tokens = i, 0
-        while j < n and (j == i or tokens + len(prompts[j]) <= budget):
-            tokens += len(prompts[j])
-            j += 1
+        before = int(ends[i - 1]) if i else 0
+        j = max(int(np.searchsorted(ends, before + budget, side="right")), i + 1)
         yield range(i, j)
         i = j
 
 
 def prompt_blocks(
-    prompts: Sequence[Tokens], size: int, hashes: bool = True
+    prompts: "Sequence[Tokens] | Batches", size: int, hashes: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(keys, hashes, offsets) of every full block of every prompt, flat: prompt i's blocks are
     [offsets[i], offsets[i + 1]). keys: the chained prefix keys; hashes: the blocks' own hashes
     (empty when not asked for: they follow from the keys, see multiplier)."""
-    counts = np.array([len(p) // size for p in prompts], dtype=np.int64)
-    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
+    prompts = as_batches(prompts)
+    counts = prompts.lengths // size
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     keys = np.empty(int(offsets[-1]), dtype=np.uint64)
     own = np.empty(len(keys) if hashes else 0, dtype=np.uint64)
-    for span in batches(prompts):
-        G, starts = _cumsum([prompts[i] for i in span])
+    for span in batches(prompts.lengths):
         c = counts[span.start : span.stop]
         if not c.sum():
             continue
+        G, starts = _batch(prompts, span)
         first = np.repeat(starts[:-1], c)
         end = first + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
         lo, hi = offsets[span.start], offsets[span.stop]
@@ -114,24 +149,21 @@ def prompt_blocks(
     return keys, own, offsets
 
 
-def piece_hashes(prompts: Sequence[Tokens], size: int) -> np.ndarray:
-    """The hashes of every prompt's consecutive `size`-token pieces, the last one possibly
-    shorter (its length is mixed in), flat and in order: ceil(len / size) per prompt."""
-    counts = np.array([-(-len(p) // size) for p in prompts], dtype=np.int64)
-    out = np.empty(int(counts.sum()), dtype=np.uint64)
-    at = 0
-    for span in batches(prompts):
-        G, starts = _cumsum([prompts[i] for i in span])
-        c = counts[span.start : span.stop]
-        n = int(c.sum())
-        if not n:
-            continue
-        begin = np.repeat(starts[:-1], c) + (np.arange(n) - np.repeat(np.cumsum(c) - c, c)) * size
-        end = np.minimum(begin + size, np.repeat(starts[1:], c))
+def span_hashes(flat: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The hash of each span flat[begin[k] : end[k]] with its length mixed in (spans of one
+    hash but different lengths differ), for spans in order and not overlapping, each at most
+    BATCH_TOKENS long: a cumsum over BATCH_TOKENS tokens at a time."""
+    out = np.empty(len(begin), dtype=np.uint64)
+    g = 0
+    while g < len(begin):
+        lo = int(begin[g])
+        h = max(int(np.searchsorted(end, lo + BATCH_TOKENS, side="right")), g + 1)
+        hi = int(end[h - 1])
+        G, _ = _cumsum(flat[lo:hi], np.array([hi - lo], dtype=np.int64))
+        b, e = begin[g:h] - lo, end[g:h] - lo
         with np.errstate(over="ignore"):
-            h = _span_hashes(G, begin, end) ^ (end - begin).astype(np.uint64) * np.uint64(_K1)
-        out[at : at + n] = h
-        at += n
+            out[g:h] = _span_hashes(G, b, e) ^ (e - b).astype(np.uint64) * np.uint64(_K1)
+        g = h
     return out
 
 
@@ -154,7 +186,9 @@ def chain(parent: int, block_hash: int, size: int) -> int:
 _MULT: dict[int, int] = {}  # size -> B^size
 
 
-def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> np.ndarray:
+def first_windows(
+    prompts: "Sequence[Tokens] | Batches", size: int, queries: np.ndarray
+) -> np.ndarray:
     """For each query hash: the index of the first prompt holding a window (`size` consecutive
     tokens at any offset) with that hash; len(prompts) where none does.
 
@@ -164,9 +198,19 @@ def first_windows(prompts: Sequence[Tokens], size: int, queries: np.ndarray) -> 
     return first_windows_of_sorted(prompts, size, uniq)[inverse]
 
 
-def first_windows_of_sorted(prompts: Sequence[Tokens], size: int, uniq: np.ndarray) -> np.ndarray:
-    """first_windows for queries that are sorted and distinct (np.unique's): one int64 each."""
-    first = np.full(len(uniq), len(prompts), dtype=np.int64)
+def first_windows_of_sorted(
+    prompts: "Sequence[Tokens] | Batches",
+    size: int,
+    uniq: np.ndarray,
+    value: np.ndarray | None = None,
+    missing: int | None = None,
+) -> np.ndarray:
+    """first_windows for queries that are sorted and distinct (np.unique's): one int64 each.
+    With `value` (int64 per prompt), the least value of the prompts holding the window instead
+    of the first's index, and `missing` (default len(prompts)) where none does."""
+    prompts = as_batches(prompts)
+    n = len(prompts.lengths)
+    first = np.full(len(uniq), n if missing is None else missing, dtype=np.int64)
     if not len(uniq):
         return first
     # the prefilter: a bitmap over a hash's top bits, ~1/16 full (small enough to stay cached)
@@ -174,8 +218,8 @@ def first_windows_of_sorted(prompts: Sequence[Tokens], size: int, uniq: np.ndarr
     shift = np.uint64(64 - bits)
     bitmap = np.zeros(1 << bits, dtype=bool)
     bitmap[uniq >> shift] = True
-    for span in batches(prompts):
-        G, starts = _cumsum([prompts[i] for i in span])
+    for span in batches(prompts.lengths):
+        G, starts = _batch(prompts, span)
         n_win = len(G) - size  # windows by first token g: h = (G[g + size] - G[g]) B^(g + size - 1)
         if n_win <= 0:
             continue
@@ -190,5 +234,5 @@ def first_windows_of_sorted(prompts: Sequence[Tokens], size: int, uniq: np.ndarr
         at = np.searchsorted(uniq, h).clip(max=len(uniq) - 1)
         hit = uniq[at] == h
         which = np.searchsorted(starts, g[hit], side="right") - 1 + span.start
-        np.minimum.at(first, at[hit], which)
+        np.minimum.at(first, at[hit], which if value is None else value[which])
     return first

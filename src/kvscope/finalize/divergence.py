@@ -15,6 +15,7 @@ import numpy as np
 from kvscope.finalize import heaptrim
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.lcp import Pieces
+from kvscope.finalize.prompts import Prompts, as_prompts
 
 Row = dict[str, Any]
 COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "max_reusable_tokens")
@@ -22,17 +23,18 @@ COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "ma
 
 @without_gc
 def with_divergence(
-    rows: Sequence[Row], tokens: Mapping[str, Sequence[int] | np.ndarray]
+    rows: Sequence[Row], tokens: Prompts | Mapping[str, Sequence[int] | np.ndarray]
 ) -> list[Row]:
     """The rows with the three columns filled where the request's prompt tokens are known:
     set in place (finalize's rows are its own; a copy of a 100k-call run's rows is ~150 MiB),
     the same rows returned as a list. The common prefixes of all the pairs are found at once
     (finalize.lcp.Pieces.common), not prompt pair by prompt pair."""
+    prompts = as_prompts(tokens)
     order = [
         r for r in sorted(rows, key=lambda r: r["start_ns"])
-        if tokens.get(r["request_uuid"]) is not None
+        if prompts.get(r["request_uuid"]) is not None
     ]  # fmt: skip
-    pieces = Pieces.of([np.asarray(tokens[r["request_uuid"]]) for r in order])
+    pieces = Pieces.of(prompts.select([prompts.index[r["request_uuid"]] for r in order]))
     longest = pieces.longest_with_earlier()
     heaptrim.release()  # the prefix search's temporaries
     # the pairs (prompt, earlier prompt) per column, in flat arrays: a Python object per pair

@@ -3,11 +3,9 @@
 The answer of records.tokens.PrefixIndex (its longest, then add, for each prompt in turn), all
 at once: the prompts are sorted once; the longest common prefix with an earlier one is reached
 at the nearest earlier ones in sorted order (longest_from_sorted). The sort keys are the ranks
-of the prompts' `chunk`-token pieces, found without holding every distinct piece's bytes (a
-dict of them was ~200 MB at 100k prompts): each piece is hashed (finalize.blockhash, in
-batches), the distinct hashes are the distinct pieces (up to hash collisions, about n^2 / 2^64
-for n pieces, as for block keys), and only those are ordered, by their tokens, `_STEP` tokens
-at a time and only among the pieces still tied, so memory is a few arrays per piece.
+of the prompts' pieces (finalize.prompts: each distinct piece held once) among the distinct
+pieces in lexicographic order. Those are ordered by their tokens, `_STEP` tokens at a time and
+only among the pieces still tied, so memory is a few arrays per distinct piece.
 """
 
 from collections.abc import Sequence
@@ -16,44 +14,41 @@ from itertools import pairwise
 
 import numpy as np
 
-from kvscope.finalize import blockhash
-from kvscope.finalize.flatten import Flat
-from kvscope.records.tokens import common_prefix
+from kvscope.finalize.prompts import PIECE, Prompts
 
 _STEP = 16  # tokens compared per refinement round
-_GROUP = 1 << 16  # spans whose tokens are gathered at once
+_GROUP = 1 << 16  # pieces whose tokens are gathered at once
 
 
 def longest_with_earlier(
-    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = 256
+    prompts: Sequence[Sequence[int] | np.ndarray], chunk: int = PIECE
 ) -> list[int]:
     """For each prompt, its longest common prefix with any prompt before it in the list."""
-    return Pieces.of([np.asarray(p) for p in prompts], chunk).longest_with_earlier()
+    return Pieces.of(prompts, chunk).longest_with_earlier()
 
 
 @dataclass(frozen=True)
 class Pieces:
-    """Prompts cut into `chunk`-token pieces ranked by their tokens (piece_ranks), addressed in
-    their flat arrays (finalize.flatten): common prefixes of many prompt pairs at once."""
+    """Prompts with their distinct pieces ranked by their tokens (piece_ranks): common prefixes
+    of many prompt pairs at once."""
 
-    arrays: Sequence[np.ndarray]
-    flat: Flat
-    lengths: np.ndarray  # int64, per prompt
-    ranks: np.ndarray  # int64, flat: prompt i's pieces are [offsets[i], offsets[i + 1])
-    offsets: np.ndarray
-    chunk: int
+    prompts: Prompts
+    ranks: np.ndarray  # int64, per distinct piece (a row of prompts.rows)
 
     @classmethod
-    def of(cls, arrays: Sequence[np.ndarray], chunk: int = 256) -> "Pieces":
-        flat = Flat.of(arrays)
-        ranks, offsets = piece_ranks(arrays, chunk, flat)
-        lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-        return cls(arrays, flat, lengths, ranks, offsets, chunk)
+    def of(
+        cls, prompts: "Prompts | Sequence[Sequence[int] | np.ndarray]", chunk: int = PIECE
+    ) -> "Pieces":
+        """`prompts` (a list is cut into `chunk`-token pieces; Prompts keep theirs)."""
+        if not isinstance(prompts, Prompts):
+            prompts = Prompts.of(prompts, chunk)
+        return cls(prompts, piece_ranks(prompts))
 
     def longest_with_earlier(self) -> list[int]:
         """For each prompt, its longest common prefix with any prompt before it in the list."""
-        raw = self.ranks.astype(">u4").tobytes()  # 4 bytes a piece: bytes sort as the prompts
-        keys = [raw[a:b] for a, b in pairwise((4 * self.offsets).tolist())]
+        p = self.prompts
+        raw = self.ranks[p.seq].astype(">u4").tobytes()  # 4 bytes a piece: bytes sort as prompts
+        keys = [raw[a:b] for a, b in pairwise((4 * p.offsets).tolist())]
         by_key = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
         del keys, raw
         adjacent = [0, *self.common(by_key[:-1], by_key[1:]).tolist()]
@@ -61,73 +56,59 @@ class Pieces:
 
     def common(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The common prefix of prompts a[k] and b[k], for each k (int64): the equal leading
-        pieces (their ranks, all pairs at once), then the tokens of the next piece."""
+        pieces (one distinct piece: equal tokens), then the tokens of the next piece, all pairs
+        at once."""
+        p = self.prompts
         a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
-        n = np.minimum(self.lengths[a], self.lengths[b])
-        pieces = np.minimum(np.diff(self.offsets)[a], np.diff(self.offsets)[b])
+        n = np.minimum(p.lengths[a], p.lengths[b])
+        counts = np.diff(p.offsets)
+        pieces = np.minimum(counts[a], counts[b])
         k = np.zeros(len(a), dtype=np.int64)
         live = np.flatnonzero(pieces > 0)
         while len(live):
-            same = (
-                self.ranks[self.offsets[a[live]] + k[live]]
-                == self.ranks[self.offsets[b[live]] + k[live]]
-            )
+            same = p.seq[p.offsets[a[live]] + k[live]] == p.seq[p.offsets[b[live]] + k[live]]
             live = live[same]
             k[live] += 1
             live = live[k[live] < pieces[live]]
-        out = np.minimum(k * self.chunk, n)
-        live = np.flatnonzero(out < n)
-        starts = out[live].tolist()
-        for i, x, y, s in zip(
-            live.tolist(), a[live].tolist(), b[live].tolist(), starts, strict=True
-        ):
-            e = s + self.chunk  # within the first piece that differs (numpy's compare per pair
-            # beat a vectorised gather of both spans: ~2.5 us a pair, against ~3.5)
-            out[i] = s + common_prefix(self.arrays[x][s:e], self.arrays[y][s:e])
+        out = np.minimum(k * p.piece, n)
+        live = np.flatnonzero(out < n)  # they differ within their piece k (both have one)
+        for g in range(0, len(live), _GROUP):
+            part = live[g : g + _GROUP]
+            x = p.rows[p.seq[p.offsets[a[part]] + k[part]]]
+            y = p.rows[p.seq[p.offsets[b[part]] + k[part]]]
+            differ = x != y  # 0 past a piece's width: the shorter prompt ends there (n)
+            first = np.where(differ.any(axis=1), differ.argmax(axis=1), p.piece)
+            out[part] = np.minimum(k[part] * p.piece + first, n[part])
         return out
 
 
-def piece_ranks(
-    arrays: Sequence[np.ndarray], chunk: int, flat: Flat | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(ranks, offsets): the rank of every `chunk`-token piece (the last of a prompt possibly
-    shorter) among the distinct pieces in lexicographic order, flat: prompt i's pieces are
-    [offsets[i], offsets[i + 1])."""
-    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-    counts = -(-lengths // chunk)
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    hashes = blockhash.piece_hashes(arrays, chunk)
-    if not len(hashes):
-        return hashes.astype(np.int64), offsets
-    uniq_first, inverse = np.unique(hashes, return_index=True, return_inverse=True)[1:]
-    del hashes
-    owner = np.searchsorted(offsets, uniq_first, side="right") - 1  # a prompt holding each
-    start = (uniq_first - offsets[owner]) * chunk
-    end = np.minimum(start + chunk, lengths[owner])
-    order = _lexicographic(flat or Flat.of(arrays), owner, start, end)
+def piece_ranks(prompts: Prompts) -> np.ndarray:
+    """The rank of every distinct piece (a row of prompts.rows) among them in lexicographic
+    order of their tokens (a piece that is a prefix of another comes first)."""
+    order = _lexicographic(prompts.rows, prompts.width)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
-    return rank[inverse.ravel()], offsets
+    return rank
 
 
-def _lexicographic(flat: Flat, owner: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """The order of the spans arrays[owner[k]][start[k] : end[k]], lexicographic by tokens.
+def _lexicographic(rows: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The order of the pieces rows[k][: width[k]], lexicographic by tokens.
 
-    Sorted by their first _STEP tokens (padded with flatten.PAD), then the runs of spans still tied
-    by their next _STEP tokens, all runs in one sort (the run as the first key), until no run
-    is left or the tokens are exhausted."""
-    order = np.arange(len(owner))
+    Sorted by their first _STEP tokens, then the runs of pieces still tied by their next _STEP
+    tokens, all runs in one sort (the run as the first key), until no run is left or the tokens
+    are exhausted. Each round's key is the tokens' bytes (_keys), which sort as the tokens do."""
+    order = np.arange(len(rows))
     pos = order.copy()  # positions in `order` still tied with a neighbour, run by run
-    run = np.zeros(len(owner), dtype=np.int64)  # the run of each, ascending
-    depth, longest = 0, int((end - start).max(initial=0))
-    while len(pos) and depth < longest:
+    run = np.zeros(len(rows), dtype=np.int64)  # the run of each, ascending
+    lo = int(rows.min()) if rows.size else 0
+    depth = 0
+    while len(pos) and depth < rows.shape[1]:
         k = order[pos]
-        cols = _columns(flat, owner[k], start[k] + depth, end[k])
-        sub = np.lexsort((*cols.T[::-1], run))  # the last key is the first
+        keys = _keys(rows, width, k, depth, lo)
+        sub = np.lexsort((keys, run)) if depth else np.argsort(keys, kind="stable")
         order[pos] = k[sub]
-        cols = cols[sub]
-        same = (cols[1:] == cols[:-1]).all(axis=1) & (run[1:] == run[:-1])
+        keys = keys[sub]
+        same = (keys[1:] == keys[:-1]) & (run[1:] == run[:-1])
         keep = np.zeros(len(pos), dtype=bool)
         keep[:-1] |= same
         keep[1:] |= same
@@ -137,15 +118,23 @@ def _lexicographic(flat: Flat, owner: np.ndarray, start: np.ndarray, end: np.nda
     return order
 
 
-def _columns(flat: Flat, owner: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """(len(owner), _STEP) int64: tokens begin .. begin + _STEP of each span, PAD past its end.
-
-    Gathered _GROUP spans at a time, so the temporaries are those of a group, not of every span."""
-    out = np.empty((len(owner), _STEP), dtype=np.int64)
-    for g in range(0, len(owner), _GROUP):
-        part = slice(g, g + _GROUP)
-        out[part] = flat.gather(owner[part], begin[part], end[part], _STEP)
-    return out
+def _keys(rows: np.ndarray, width: np.ndarray, k: np.ndarray, depth: int, lo: int) -> np.ndarray:
+    """Tokens depth .. depth + _STEP of pieces k as one bytes value each, which compare as the
+    token sequences do: each token t as big-endian t - lo + 1 (`lo`: the least token), 0 past
+    a piece's width (below every token). Built _GROUP pieces at a time."""
+    stop = min(depth + _STEP, rows.shape[1])
+    big = int(rows.max()) - lo + 1 >= 1 << 32 if rows.size else False
+    unit = np.dtype(">u8" if big else ">u4")
+    out = np.zeros((len(k), stop - depth), dtype=unit)
+    cols = np.arange(depth, stop)
+    shift = np.uint64((1 - lo) % (1 << 64))  # t - lo + 1, modulo 2**64: exact for t >= lo
+    for g in range(0, len(k), _GROUP):
+        part = k[g : g + _GROUP]
+        with np.errstate(over="ignore"):
+            got = rows[part, depth:stop].astype(np.int64).view(np.uint64) + shift
+        got[cols >= width[part][:, None]] = 0
+        out[g : g + _GROUP] = got
+    return out.view(f"S{out.shape[1] * unit.itemsize}").ravel()
 
 
 def longest_from_sorted(by_key: Sequence[int], adjacent: Sequence[int]) -> list[int]:

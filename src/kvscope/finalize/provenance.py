@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import blockhash, heaptrim
-from kvscope.finalize.blockhash import Tokens
+from kvscope.finalize import blockhash, heaptrim, windows
 from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import NEVER, KeyIndex
 from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
+from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
 from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
 
 _CHUNK = 1 << 16  # prompt blocks looked up at once (temporaries: a few of 8 bytes each)
@@ -75,7 +75,7 @@ class Provenance:
 class _Prompts:
     """The prompts with tokens, in start order, as flat block arrays (blockhash.prompt_blocks)."""
 
-    listed: list[Tokens]  # their token ids
+    listed: Prompts  # their token ids
     position: list[int]  # index in the start order of each prompt
     keys: np.ndarray  # chained prefix keys, flat (uint64: 8 bytes a block, not a Python int)
     offsets: np.ndarray  # prompt j's blocks are [offsets[j], offsets[j + 1])
@@ -110,9 +110,9 @@ class _Prompts:
         return np.searchsorted(self.offsets, flat, side="right") - 1
 
 
-def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _Prompts:
+def _prompts(order: Sequence[Row], tokens: Prompts, size: int) -> _Prompts:
     position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
-    listed = [tokens[order[p]["request_uuid"]] for p in position]
+    listed = tokens.select([tokens.index[order[p]["request_uuid"]] for p in position])
     keys, _, offsets = blockhash.prompt_blocks(listed, size, hashes=False)
     return _Prompts(listed, position, keys, offsets, size)
 
@@ -120,7 +120,7 @@ def _prompts(order: Sequence[Row], tokens: Mapping[str, Tokens], size: int) -> _
 @without_gc
 def provenance(
     rows: Sequence[Row],
-    tokens: Mapping[str, Tokens],
+    tokens: Prompts | Mapping[str, Tokens],
     ledger: Ledger,
     replica: str | None = None,
     defer: bool = False,
@@ -133,6 +133,7 @@ def provenance(
     `defer`, they are set by Provenance.apply() (finalize: once the prompt ids are freed, as the
     rows' dicts grow by ~60 MiB at 100k calls)."""
     size = ledger.block_size
+    tokens = as_prompts(tokens)
     by_uuid = {r["request_uuid"]: r for r in rows}
     skipped: dict[str, int] = defaultdict(int)
     if size is None:  # no life was stored
@@ -146,7 +147,7 @@ def provenance(
     prompt_of = array("q")  # the index of each one's prompt in `prompts` (no int objects)
     j = 0
     for p, r in enumerate(order):
-        reason = _unusable(r, tokens.get(r["request_uuid"]))
+        reason = _unusable(r, tokens, tokens.get(r["request_uuid"]))
         if reason is None:
             while prompts.position[j] != p:
                 j += 1
@@ -287,7 +288,7 @@ def _layout_blocks(
     if not len(asks):
         return out
     uniq = np.unique(prompts.hashes(asks))
-    first = blockhash.first_windows_of_sorted(prompts.listed, size, uniq)
+    first = windows.first_windows_of_sorted(prompts.listed, size, uniq)
     for lo in range(0, len(asks), _CHUNK):  # temporaries of a chunk, not of every ask
         part = asks[lo : lo + _CHUNK]
         found = first[np.searchsorted(uniq, prompts.hashes(part))] < prompts.holder(part)
@@ -295,14 +296,15 @@ def _layout_blocks(
     return out
 
 
-def _unusable(r: Row, ids: Tokens | None) -> str | None:
+def _unusable(r: Row, tokens: Prompts, i: int | None) -> str | None:
+    """Why provenance cannot classify the call (`i`: its prompt in `tokens`); None: it can."""
     if r["status"] != STATUS_OK:
         return "failed request"
-    if ids is None:
+    if i is None:
         return "no prompt tokens"
     if r.get("cached_tokens") is None or r.get("prompt_tokens") is None:
         return "cached tokens not reported"
-    if len(ids) != r["prompt_tokens"]:
+    if tokens.lengths[i] != r["prompt_tokens"]:
         return "kvscope's tokenization differs from the engine's count"
     return None
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.finalize import blockhash, keylives
-from kvscope.finalize.blockhash import Tokens
 from kvscope.finalize.keylives import KeyLives
+from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
 from kvscope.finalize.provenance import BlockLife, Ledger, admitted_ns
 from kvscope.records.requests import STATUS_OK
 
@@ -36,7 +36,7 @@ def _measured(r: Row) -> bool:
     )
 
 
-def _usable(r: Row, tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger]) -> bool:
+def _usable(r: Row, tokens: Prompts, ledgers: Mapping[str, Ledger]) -> bool:
     """Measured, on a replica with a ledger, with prompt ids that match the engine's count (as
     provenance: a tokenization that differs from the engine's is never used)."""
     ids = tokens.get(r["request_uuid"])
@@ -44,7 +44,7 @@ def _usable(r: Row, tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger])
         _measured(r)
         and r.get("replica") in ledgers
         and ids is not None
-        and len(ids) == r["prompt_tokens"]
+        and tokens.lengths[ids] == r["prompt_tokens"]
     )
 
 
@@ -56,7 +56,7 @@ class RoutingMiss:
 
 
 def routing_misses(
-    rows: Sequence[Row], tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger]
+    rows: Sequence[Row], tokens: Prompts | Mapping[str, Tokens], ledgers: Mapping[str, Ledger]
 ) -> dict[str, RoutingMiss | None]:
     """request_uuid -> its routing miss (the module docstring); None: not measured."""
     out: dict[str, RoutingMiss | None] = {r["request_uuid"]: None for r in rows}
@@ -70,10 +70,13 @@ def routing_misses(
         rep: keylives.by_key((x.key, x) for x in led.lives if x.key is not None)
         for rep, led in ledgers.items()
     }
+    tokens = as_prompts(tokens)
     usable = [r for r in rows if _usable(r, tokens, ledgers)]
     if not usable:
         return out
-    keys, _, offsets = blockhash.prompt_blocks([tokens[r["request_uuid"]] for r in usable], size)
+    keys, _, offsets = blockhash.prompt_blocks(
+        tokens.select([tokens.index[r["request_uuid"]] for r in usable]), size
+    )
     flat, bounds = keys.tolist(), offsets.tolist()
     for j, r in enumerate(usable):
         t = admitted_ns(r)
@@ -117,7 +120,7 @@ def _resident_run(by_key: Mapping[int, KeyLives[BlockLife]], keys: list[int], t:
 
 
 def routing_columns(
-    rows: Sequence[Row], tokens: Mapping[str, Tokens], ledgers: Mapping[str, Ledger]
+    rows: Sequence[Row], tokens: Prompts | Mapping[str, Tokens], ledgers: Mapping[str, Ledger]
 ) -> list[Row]:
     """The rows with COLUMNS set in place (the same rows, as a list): routing_miss_tokens,
     routing_miss_replica (R's name; None when no other replica held any of the prompt's

@@ -27,6 +27,7 @@ from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
 from kvscope.finalize.ledger import ledger_of
+from kvscope.finalize.prompts import Prompts, load_prompts
 from kvscope.finalize.provenance import Ledger, Provenance, provenance
 from kvscope.finalize.routing import routing_columns
 from kvscope.finalize.threads import with_thread_turns
@@ -34,7 +35,6 @@ from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA
 from kvscope.records.finalized import Finalized, KvReport
 from kvscope.records.run_dir import ENGINE_LOG, replica_dirs
-from kvscope.records.tokens import load_tokens
 
 Timings = Mapping[str, Mapping[str, float | None]]  # request_uuid -> the engine's own timings
 Row = dict[str, Any]
@@ -70,7 +70,7 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     rows = with_thread_turns(stream.rows)
     for r in rows if exported else ():
         _add_exported(r, exported.get(r["request_uuid"]))
-    tokens = load_tokens(run_dir)
+    tokens = load_prompts(run_dir)
     heaptrim.release()  # the reader's chunks (~70 MiB at 100k calls)
     if tokens:
         rows = with_divergence(rows, tokens)
@@ -116,7 +116,7 @@ def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
 
 
 def _provenance(
-    run_dir: Path, rows: list[Row], tokens: Mapping[str, Any], caches: list[_Cache]
+    run_dir: Path, rows: list[Row], tokens: Prompts, caches: list[_Cache]
 ) -> tuple[list[Row], int, KvReport | None, list[Provenance]]:
     """Provenance per cache (its columns pending: Provenance.apply), routing misses across them;
     the event and block tables written, each cache's as soon as it is made."""

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 
@@ -86,24 +86,39 @@ class _Chunk:
     count: int = 0
 
 
+class Sink(Protocol):
+    """Where read_lines puts the stream's lines, a chunk at a time, in the file's order."""
+
+    def chunk(self, ids: np.ndarray | None, lines: list[tuple[str, slice | np.ndarray]]) -> None:
+        """One chunk's lines in order: each's request_uuid and its ids, a slice of `ids` (the
+        chunk's fast lines' ids end to end) or an array of its own, each array in the narrowest
+        dtype holding its ids (narrowest_dtype)."""
+
+
 def read_token_ids(path: Path, chunk_bytes: int = CHUNK_BYTES) -> dict[str, np.ndarray]:
     """request_uuid -> its prompt token ids, as arrays of one dtype: the narrowest holding every
     id of the stream (narrowest_dtype). Read as records.tokens.load_tokens states: a line that is
     not a JSON object with a string request_uuid and a list of integer token_ids is skipped,
     one whose token_ids is null is ignored, and a request_uuid written twice keeps its last line.
     """
-    workers = max(1, min(2, os.cpu_count() or 1))
     store = _Store()
+    read_lines(path, store, chunk_bytes)
+    return store.result()
+
+
+def read_lines(path: Path, sink: Sink, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """The stream's lines into `sink`, read as read_token_ids states (a later line of a
+    request_uuid comes later: the sink keeps the last)."""
+    workers = max(1, min(2, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool, path.open("rb") as f:
         pending: deque[tuple[_Chunk, Future[_Ids | None]]] = deque()
         for data, stop in _blocks(f, chunk_bytes):
             c = _split(data, stop)
             pending.append((c, pool.submit(_parsed, *_joined(c))))
             if len(pending) > workers:  # a chunk for each worker while this one is split
-                _finished(*pending.popleft(), store)
+                _finished(*pending.popleft(), sink)
         while pending:
-            _finished(*pending.popleft(), store)
-    return store.result()
+            _finished(*pending.popleft(), sink)
 
 
 def _blocks(f: BinaryIO, size: int) -> Iterator[tuple[bytes, int]]:
@@ -239,21 +254,17 @@ def _digits(ids: _Ids) -> int:
     return total
 
 
-def _finished(c: _Chunk, parsed: "Future[_Ids | None]", store: "_Store") -> None:
-    """The chunk's lines into the result: its parsed ids into the store; a chunk whose ids did
-    not check out read by json.loads."""
+def _finished(c: _Chunk, parsed: "Future[_Ids | None]", sink: Sink) -> None:
+    """The chunk's lines into the sink; a chunk whose ids did not check out read by
+    json.loads."""
     ids = parsed.result()
     if ids is None and c.count:
         lines = c.data[: c.stop].split(b"\n")
         c.entries = [e for e in map(_exact, lines) if e is not None]
         c.count = 0
     c.data = b""
-    segment, at = store.add(ids if ids is not None and c.count else None)
-    for uuid, where in c.entries:
-        if isinstance(where, slice):
-            store.lines[uuid] = (segment, at + where.start, at + where.stop)
-        else:
-            store.lines[uuid] = where
+    fast = ids.values if ids is not None and c.count else None
+    sink.chunk(fast, [(u, w if isinstance(w, slice) else w.values) for u, w in c.entries])
 
 
 # segments of ids: above glibc's greatest mmap threshold (32 MiB), so each is mapped apart from
@@ -272,26 +283,34 @@ class _Store:
         self.segments: list[np.ndarray] = []
         self.used = 0  # ids in the last segment
         self.dtype = np.dtype(np.uint16)
-        self.lines: dict[str, tuple[int, int, int] | _Ids] = {}
+        self.lines: dict[str, tuple[int, int, int] | np.ndarray] = {}
 
-    def add(self, ids: _Ids | None) -> tuple[int, int]:
+    def chunk(self, ids: np.ndarray | None, lines: list[tuple[str, slice | np.ndarray]]) -> None:
+        segment, at = self.add(ids)
+        for uuid, where in lines:
+            if isinstance(where, slice):
+                self.lines[uuid] = (segment, at + where.start, at + where.stop)
+            else:
+                self.lines[uuid] = where
+
+    def add(self, ids: np.ndarray | None) -> tuple[int, int]:
         """(segment, start): where the ids were put (no ids: (0, 0))."""
-        if ids is None or not len(ids.values):
+        if ids is None or not len(ids):
             return 0, 0
         self.widen(ids)
-        n = len(ids.values)
+        n = len(ids)
         if not self.segments or self.used + n > len(self.segments[-1]):
             self._close()
             size = max(_SEGMENT_BYTES // self.dtype.itemsize, n)
             self.segments.append(np.empty(size, dtype=self.dtype))
             self.used = 0
         start, self.used = self.used, self.used + n
-        self.segments[-1][start : self.used] = ids.values
+        self.segments[-1][start : self.used] = ids
         return len(self.segments) - 1, start
 
-    def widen(self, ids: _Ids) -> None:
+    def widen(self, ids: np.ndarray) -> None:
         """The segments in a dtype that holds `ids` too."""
-        dtype = np.promote_types(self.dtype, ids.values.dtype)
+        dtype = np.promote_types(self.dtype, ids.dtype)
         if dtype != self.dtype:
             self._close()  # the last segment too: no unwritten capacity copied
             self.dtype = dtype
@@ -304,15 +323,15 @@ class _Store:
     def result(self) -> dict[str, np.ndarray]:
         """request_uuid -> its ids, every array in the store's dtype (after every line's ids
         widened it: the narrowest dtype holding every id)."""
-        own = [w for w in self.lines.values() if isinstance(w, _Ids) and len(w.values)]
+        own = [w for w in self.lines.values() if isinstance(w, np.ndarray) and len(w)]
         for ids in own:
             self.widen(ids)
         self._close()
         out: dict[str, np.ndarray] = {}
         empty = np.zeros(0, dtype=self.dtype)
         for uuid, where in self.lines.items():
-            if isinstance(where, _Ids):
-                out[uuid] = where.values.astype(self.dtype)
+            if isinstance(where, np.ndarray):
+                out[uuid] = where.astype(self.dtype)
             else:
                 segment, start, stop = where
                 out[uuid] = self.segments[segment][start:stop] if stop > start else empty
