@@ -14,6 +14,7 @@ miss from all of them (finalize.routing); the event and block tables carry a `re
 
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
 from kvscope.finalize import heaptrim, replicas, working
 from kvscope.finalize.divergence import with_divergence
+from kvscope.finalize.gcpause import gc_paused
 from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
 from kvscope.finalize.ledger import ledger_of
 from kvscope.finalize.prompts import Prompts, load_prompts
@@ -61,7 +63,7 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    with heaptrim.arrow_on_heap():
+    with heaptrim.arrow_on_heap(), gc_paused():  # the passes free what they make: no cycles
         return _finalize(run_dir, exported)
 
 
@@ -71,11 +73,14 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     for r in rows if exported else ():
         _add_exported(r, exported.get(r["request_uuid"]))
     tokens = load_prompts(run_dir)
-    heaptrim.release()  # the reader's chunks (~70 MiB at 100k calls)
-    if tokens:
-        rows = with_divergence(rows, tokens)
+    heaptrim.release()  # the reader's chunks
     named = replica_dirs(run_dir)
-    caches = [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
+    with ThreadPoolExecutor(1) as pool:  # the KV events read while divergence runs: the
+        # reader waits mostly on orjson, divergence on numpy (which lets other threads run)
+        reading = pool.submit(_read_caches, run_dir, named)
+        if tokens:
+            rows = with_divergence(rows, tokens)
+        caches = reading.result()
     heaptrim.release()  # the event reader's blocks
     if named:
         rows = _placed(rows, caches)
@@ -89,6 +94,11 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     done = Finalized(len(rows), stream.skipped, context, n_blocks, report)
     done.write(run_dir)
     return done
+
+
+def _read_caches(run_dir: Path, named: Mapping[str, Path]) -> list[_Cache]:
+    """The engine's cache, or a deployment's replicas' (`named`), their KV events read."""
+    return [_Cache.read(n, f) for n, f in named.items()] or [_Cache.read(None, run_dir)]
 
 
 def _with_context(rows: list[Row], caches: list[_Cache]) -> int:
