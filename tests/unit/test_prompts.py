@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvscope.finalize import blockhash, windows
+from kvscope.finalize import blockhash, piecehash
 from kvscope.finalize.prompts import PAD, Prompts, load_prompts
 from kvscope.records.tokens import TOKENS_JSONL, load_tokens
 
@@ -103,6 +103,20 @@ def test_first_windows_found_on_distinct_pieces_are_those_of_every_window(seed: 
         queries = np.unique(np.concatenate([held, np.array([1, 2, 3], dtype=np.uint64)]))
         want = blockhash.first_windows_of_sorted(ps, size, queries)
         for worth in (np.inf, 0.0):  # found on the pieces and pairs; on every window
-            got = windows.first_windows_of_sorted(prompts, size, queries, worth)
+            got = piecehash.first_windows_of_sorted(prompts, size, queries, worth)
             assert got.tolist() == want.tolist()
         assert (want < len(ps)).sum() == len(np.unique(held))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_block_keys_from_distinct_pieces_are_those_of_the_tokens(seed: int) -> None:
+    r = random.Random(seed)
+    ps = shared(seed, 16)
+    dtype = r.choice([np.uint16, np.int32, np.int64])
+    prompts = Prompts.of([np.array(p, dtype=dtype) for p in ps], r.choice([4, 8, 16]))
+    for size in (1, 2, 3, 4, 8):  # 3 divides no piece: every token hashed
+        want = blockhash.prompt_blocks(ps, size)
+        got = piecehash.prompt_blocks(prompts, size)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+        keys, hashes, _ = piecehash.prompt_blocks(prompts, size, hashes=False)
+        assert np.array_equal(keys, want[0]) and not len(hashes)

@@ -79,6 +79,32 @@ class _Powers:
 
 
 _POW = _Powers()
+_ROWS = 8192  # rows summed at once (row_sums)
+
+
+def powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B^k, B^-k) for k < n: views of the shared tables, not to be written."""
+    _POW.need(n)
+    return _POW.fwd[:n], _POW.inv[:n]
+
+
+def row_sums(rows: np.ndarray, width: np.ndarray, every: int) -> np.ndarray:
+    """(len(rows), rows.shape[1] // every) uint64: what the exclusive cumsum G (_cumsum) of a
+    prompt beginning with row k's first width[k] tokens holds at its m-th `every` tokens
+    (column m - 1); tokens past the width add nothing."""
+    cols = rows.shape[1]
+    _, inv = powers(cols)
+    out = np.empty((len(rows), cols // every), dtype=np.uint64)
+    for g in range(0, len(rows), _ROWS):
+        with np.errstate(over="ignore"):
+            x = rows[g : g + _ROWS].astype(np.int64).view(np.uint64)
+            x *= np.uint64(_K1)
+            x += np.uint64(_K2)
+            x *= inv
+            x[np.arange(cols) >= width[g : g + _ROWS, None]] = 0
+            np.cumsum(x, axis=1, dtype=np.uint64, out=x)
+        out[g : g + _ROWS] = x[:, every - 1 :: every]
+    return out
 
 
 def _cumsum(flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import blockhash, heaptrim, windows
+from kvscope.finalize import blockhash, heaptrim, piecehash
 from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import NEVER, KeyIndex
@@ -113,7 +113,7 @@ class _Prompts:
 def _prompts(order: Sequence[Row], tokens: Prompts, size: int) -> _Prompts:
     position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
     listed = tokens.select([tokens.index[order[p]["request_uuid"]] for p in position])
-    keys, _, offsets = blockhash.prompt_blocks(listed, size, hashes=False)
+    keys, _, offsets = piecehash.prompt_blocks(listed, size, hashes=False)
     return _Prompts(listed, position, keys, offsets, size)
 
 
@@ -288,7 +288,7 @@ def _layout_blocks(
     if not len(asks):
         return out
     uniq = np.unique(prompts.hashes(asks))
-    first = windows.first_windows_of_sorted(prompts.listed, size, uniq)
+    first = piecehash.first_windows_of_sorted(prompts.listed, size, uniq)
     for lo in range(0, len(asks), _CHUNK):  # temporaries of a chunk, not of every ask
         part = asks[lo : lo + _CHUNK]
         found = first[np.searchsorted(uniq, prompts.hashes(part))] < prompts.holder(part)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.finalize import blockhash, keylives
+from kvscope.finalize import keylives, piecehash
 from kvscope.finalize.keylives import KeyLives
 from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
 from kvscope.finalize.provenance import BlockLife, Ledger, admitted_ns
@@ -74,8 +74,8 @@ def routing_misses(
     usable = [r for r in rows if _usable(r, tokens, ledgers)]
     if not usable:
         return out
-    keys, _, offsets = blockhash.prompt_blocks(
-        tokens.select([tokens.index[r["request_uuid"]] for r in usable]), size
+    keys, _, offsets = piecehash.prompt_blocks(
+        tokens.select([tokens.index[r["request_uuid"]] for r in usable]), size, hashes=False
     )
     flat, bounds = keys.tolist(), offsets.tolist()
     for j, r in enumerate(usable):
