@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvscope.finalize import blockhash, piecehash
-from kvscope.finalize.prompts import PAD, Prompts, load_prompts
+from kvscope.finalize.prompts import Prompts, load_prompts
 from kvscope.records.tokens import TOKENS_JSONL, load_tokens
 
 
@@ -58,13 +58,6 @@ def test_a_shared_prefix_is_held_once() -> None:
     )
 
 
-def test_gather_pads_past_each_span_end() -> None:
-    ps = [list(range(100, 110)), [7, 8, 9], []]
-    prompts = Prompts.of([np.array(p, dtype=np.uint16) for p in ps], 4)
-    got = prompts.gather(np.array([0, 0, 1, 2]), np.array([3, 8, 1, 0]), np.array([6, 10, 3, 0]), 3)
-    assert got.tolist() == [[103, 104, 105], [108, 109, PAD], [8, 9, PAD], [PAD, PAD, PAD]]
-
-
 def _lines(tmp_path: Path, lines: list[str]) -> Path:
     (tmp_path / TOKENS_JSONL).write_text("".join(f"{x}\n" for x in lines))
     return tmp_path
@@ -84,6 +77,16 @@ def test_load_prompts_reads_the_stream_as_load_tokens_does(tmp_path: Path) -> No
     for u, ids in want.items():
         assert got.tokens(got.index[u]).tolist() == ids.tolist()
     assert got.dtype == np.int32 and got.tokens(got.index["u1"]).tolist() == [1, 2]
+
+
+def test_load_prompts_numbers_lines_whose_lists_are_all_empty(tmp_path: Path) -> None:
+    ids = [[], [], [5, 6], []]
+    lines = [json.dumps({"request_uuid": f"u{i}", "token_ids": p}) for i, p in enumerate(ids)]
+    for part in (lines[:2], lines):  # a stream of empty lists only; then with ids after them
+        got = load_prompts(_lines(tmp_path, part))
+        assert {u: got.tokens(i).tolist() for u, i in got.index.items()} == {
+            f"u{i}": ids[i] for i in range(len(part))
+        }
 
 
 def test_load_prompts_of_a_run_without_a_stream_is_empty(tmp_path: Path) -> None:

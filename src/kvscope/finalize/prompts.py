@@ -28,7 +28,6 @@ from kvscope.records.token_lines import read_lines
 from kvscope.records.tokens import TOKENS_JSONL
 
 PIECE = 128  # tokens a piece: smaller shares more of a prefix; 128: vLLM's CPU block size
-PAD = -1  # gathered past a prompt's end (Prompts.gather): below every token id
 
 Tokens = Sequence[int] | np.ndarray
 
@@ -94,21 +93,6 @@ class Prompts:
         np.cumsum(counts, out=offsets[1:])
         at = np.repeat(self.offsets[which] - offsets[:-1], counts) + np.arange(offsets[-1])
         return Prompts(self.rows, self.width, self.seq[at], offsets, self.lengths[which])
-
-    def gather(
-        self, prompt: np.ndarray, begin: np.ndarray, end: np.ndarray, width: int
-    ) -> np.ndarray:
-        """(len(prompt), width) int64: tokens begin .. begin + width of each prompt's span,
-        PAD at and past `end` (a span's end, at most its prompt's length)."""
-        out = np.full((len(prompt), width), PAD, dtype=np.int64)
-        if not len(prompt) or not len(self.seq):
-            return out
-        at = begin[:, None] + np.arange(width)
-        valid = at < end[:, None]
-        where = np.minimum(self.offsets[prompt][:, None] + at // self.piece, len(self.seq) - 1)
-        got = self.rows[self.seq[where], at % self.piece]
-        out[valid] = got[valid]  # int64 before PAD joins: uint16 ids would wrap it to 65535
-        return out
 
 
 class PromptsBuilder:
@@ -196,9 +180,10 @@ class _Loading:
     def chunk(self, ids: np.ndarray | None, lines: list[tuple[str, slice | np.ndarray]]) -> None:
         fast = [w for _, w in lines if isinstance(w, slice)]
         first = self.builder.count
-        if fast and ids is not None:
+        if fast:  # no `ids` when every fast line's list is empty
             starts = np.array([w.start for w in fast], dtype=np.int64)
-            self.builder.add(ids, starts, np.array([w.stop for w in fast], dtype=np.int64))
+            stops = np.array([w.stop for w in fast], dtype=np.int64)
+            self.builder.add(np.zeros(0, np.uint16) if ids is None else ids, starts, stops)
         number, own = first, first + len(fast)
         for uuid, where in lines:  # in the file's order: a request_uuid's last line wins
             if isinstance(where, slice):
