@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.finalize import blockhash
+from kvscope.finalize.blockhash import Tokens
 from kvscope.records.token_lines import read_lines
 from kvscope.records.tokens import TOKENS_JSONL
 
-PIECE = 128  # tokens a piece: smaller shares more of a prefix; 128: vLLM's CPU block size
-
-Tokens = Sequence[int] | np.ndarray
+# tokens a piece: smaller shares more of a prefix, larger has fewer pieces to sort and hash;
+# block sizes dividing it (16 .. 128) get their keys from the pieces (finalize.piecehash)
+PIECE = 128
 
 
 @dataclass(frozen=True)
