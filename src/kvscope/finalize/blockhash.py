@@ -126,6 +126,11 @@ def _cumsum(flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return G, starts
 
 
+def within(counts: np.ndarray) -> np.ndarray:
+    """For items laid out group after group (`counts` a group), each one's index in its group."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def _batch(prompts: Batches, span: range) -> tuple[np.ndarray, np.ndarray]:
     """_cumsum of the prompts in `span`."""
     return _cumsum(prompts.concat(span.start, span.stop), prompts.lengths[span.start : span.stop])
@@ -167,7 +172,7 @@ def prompt_blocks(
             continue
         G, starts = _batch(prompts, span)
         first = np.repeat(starts[:-1], c)
-        end = first + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c) + 1) * size
+        end = first + (within(c) + 1) * size
         lo, hi = offsets[span.start], offsets[span.stop]
         keys[lo:hi] = _span_hashes(G, first, end)
         if hashes:
@@ -207,6 +212,13 @@ def multiplier(size: int) -> int:
 def chain(parent: int, block_hash: int, size: int) -> int:
     """The key of a block of `size` tokens with hash `block_hash` whose parent's key is `parent`."""
     return (parent * multiplier(size) + block_hash) & MASK
+
+
+def unchain(keys: np.ndarray, parents: np.ndarray, size: int) -> np.ndarray:
+    """The blocks' own hashes from their keys and their parents' keys (0 for a first block):
+    chain undone, for uint64 arrays."""
+    with np.errstate(over="ignore"):
+        return keys - parents * np.uint64(multiplier(size))
 
 
 _MULT: dict[int, int] = {}  # size -> B^size

@@ -34,7 +34,7 @@ def with_divergence(
         r for r in sorted(rows, key=lambda r: r["start_ns"])
         if prompts.get(r["request_uuid"]) is not None
     ]  # fmt: skip
-    pieces = Pieces.of(prompts.select([prompts.index[r["request_uuid"]] for r in order]))
+    pieces = Pieces.of(prompts.named(r["request_uuid"] for r in order))
     longest = pieces.longest_with_earlier()
     heaptrim.release()  # the prefix search's temporaries
     # the pairs (prompt, earlier prompt) per column, in flat arrays: a Python object per pair

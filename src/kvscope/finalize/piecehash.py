@@ -90,12 +90,13 @@ def prompt_blocks(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """blockhash.prompt_blocks(prompts, size, hashes): (keys, hashes, offsets) of every full
     block of every prompt, from the distinct pieces where `size` divides the piece."""
-    if not isinstance(prompts, Prompts) or prompts.piece % size:
+    if (
+        not isinstance(prompts, Prompts)
+        or prompts.piece % size
+        or prompts.piece // size > _MOST_PER_PIECE
+    ):
         return blockhash.prompt_blocks(prompts, size, hashes)
-    per = prompts.piece // size
-    if per > _MOST_PER_PIECE:
-        return blockhash.prompt_blocks(prompts, size, hashes)
-    sums = blockhash.row_sums(prompts.rows, prompts.width, size)  # (distinct pieces, per)
+    sums = blockhash.row_sums(prompts.rows, prompts.width, size)  # (distinct pieces, piece // size)
     counts = prompts.lengths // size
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -108,7 +109,7 @@ def prompt_blocks(
         n = int(c.sum())
         if not n:
             continue
-        nth = np.arange(n) - np.repeat(np.cumsum(c) - c, c)  # the block's index in its prompt
+        nth = blockhash.within(c)  # the block's index in its prompt
         end = (nth + 1) * size  # in tokens
         piece = (end - 1) // prompts.piece  # its piece's index in its prompt
         flat = np.repeat(prompts.offsets[span.start : span.stop], c) + piece
@@ -117,12 +118,10 @@ def prompt_blocks(
             got = base[flat] + inv[piece * prompts.piece] * sums[prompts.seq[flat], column]
             got *= fwd[end - 1]
             keys[offsets[span.start] : offsets[span.stop]] = got
-            if hashes:  # a key chains on its parent's: key = parent * B^size + hash
-                parent = np.concatenate([np.zeros(1, dtype=np.uint64), got[:-1]])
-                parent[nth == 0] = 0
-                own[offsets[span.start] : offsets[span.stop]] = got - parent * np.uint64(
-                    blockhash.multiplier(size)
-                )
+        if hashes:
+            parent = np.concatenate([np.zeros(1, dtype=np.uint64), got[:-1]])
+            parent[nth == 0] = 0
+            own[offsets[span.start] : offsets[span.stop]] = blockhash.unchain(got, parent, size)
     return keys, own, offsets
 
 
@@ -133,7 +132,7 @@ def _piece_starts(prompts: Prompts, whole: np.ndarray, inv: np.ndarray) -> np.nd
     """Per piece held (prompts.seq), the cumsum G of its prompt at the piece's start: the
     whole sums of the pieces before it in the prompt, each scaled by B^-(its start)."""
     counts = np.diff(prompts.offsets)
-    nth = np.arange(len(prompts.seq)) - np.repeat(prompts.offsets[:-1], counts)
+    nth = blockhash.within(counts)
     with np.errstate(over="ignore"):
         part = inv[nth * prompts.piece] * whole[prompts.seq]
         before = np.cumsum(part, dtype=np.uint64) - part  # over every prompt, then less

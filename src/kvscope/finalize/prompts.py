@@ -17,7 +17,7 @@ PromptsBuilder builds one a batch of prompts at a time; load_prompts reads a run
 held.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +86,10 @@ class Prompts:
             return rows.ravel()
         return rows[np.arange(self.piece) < width[:, None]]
 
+    def named(self, uuids: Iterable[str]) -> "Prompts":
+        """The prompts of the calls `uuids` (each must have one), in that order (select)."""
+        return self.select([self.index[u] for u in uuids])
+
     def select(self, which: Sequence[int] | np.ndarray) -> "Prompts":
         """The prompts `which`, in that order (the pieces shared, not copied; no index)."""
         which = np.asarray(which, dtype=np.int64)
@@ -122,8 +126,8 @@ class PromptsBuilder:
         n = int(counts.sum())
         if not n:
             return
-        nth = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
-        begin = np.repeat(np.asarray(starts, dtype=np.int64), counts) + nth * size
+        begin = np.repeat(np.asarray(starts, dtype=np.int64), counts)
+        begin += blockhash.within(counts) * size
         end = np.minimum(begin + size, np.repeat(np.asarray(stops, dtype=np.int64), counts))
         hashes = blockhash.span_hashes(flat, begin, end)
         uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)

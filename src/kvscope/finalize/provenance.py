@@ -87,8 +87,7 @@ class _Prompts:
         need not be held beside the keys (~60 MiB at 100k prompts)."""
         first = flat == self.offsets[self.holder(flat)]
         parent = np.where(first, 0, self.keys[np.maximum(flat - 1, 0)])
-        with np.errstate(over="ignore"):
-            return self.keys[flat] - parent * np.uint64(blockhash.multiplier(self.size))
+        return blockhash.unchain(self.keys[flat], parent, self.size)
 
     def seen_before(self, flat: np.ndarray) -> np.ndarray:
         """For flat blocks: whether a prompt that started earlier holds the same prefix key.
@@ -112,7 +111,7 @@ class _Prompts:
 
 def _prompts(order: Sequence[Row], tokens: Prompts, size: int) -> _Prompts:
     position = [p for p, r in enumerate(order) if tokens.get(r["request_uuid"]) is not None]
-    listed = tokens.select([tokens.index[order[p]["request_uuid"]] for p in position])
+    listed = tokens.named(order[p]["request_uuid"] for p in position)
     keys, _, offsets = piecehash.prompt_blocks(listed, size, hashes=False)
     return _Prompts(listed, position, keys, offsets, size)
 
@@ -248,7 +247,7 @@ def _match(
         b = max(int(np.searchsorted(ends, ends[a] - n_blocks[a] + _CHUNK, side="right")), a + 1)
         counts = n_blocks[a:b]
         req = np.repeat(np.arange(a, b), counts)  # the request of each block looked up
-        within = np.arange(len(req)) - np.repeat(np.cumsum(counts) - counts, counts)
+        within = blockhash.within(counts)
         flat = lo[req] + within  # in prompts' flat arrays
         hit = within < hit_blocks[req]
         m = index.query(prompts.keys[flat], t[req], hit)

@@ -75,7 +75,7 @@ def routing_misses(
     if not usable:
         return out
     keys, _, offsets = piecehash.prompt_blocks(
-        tokens.select([tokens.index[r["request_uuid"]] for r in usable]), size, hashes=False
+        tokens.named(r["request_uuid"] for r in usable), size, hashes=False
     )
     flat, bounds = keys.tolist(), offsets.tolist()
     for j, r in enumerate(usable):
