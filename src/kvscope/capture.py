@@ -172,6 +172,7 @@ class CaptureSession:
             self._go_offline(f"{problem}; the run is kept locally (kvscope log RUN uploads it)")
         dep = cfg.deployment
         what = f"{dep.replicas} x {self.engine.name} + {dep.router.kind}" if dep else ""
+        self.engine.install(lambda line: stage(f"installing {self.engine.name}: {line}"))
         stage(f"starting {what or self.engine.name}")
         self._target = target = open_target(cfg, self.engine, run_dir, self._stack)
         handle = target.first

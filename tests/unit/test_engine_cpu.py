@@ -112,11 +112,24 @@ def test_vllm_cpu_launches_with_the_chosen_dtype(
     assert _launch_dtype(forced) == "bfloat16"
 
 
-def test_sglang_passes_dtype_only_when_asked() -> None:
+def test_sglang_on_a_gpu_passes_dtype_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kvscope.engines.sglang.gpu_present", lambda: True)
     cfg = {"kind": "sglang", "model": "/models/x"}
     assert _launch_dtype(SglangEngine(EngineConfig(**cfg))) is None
     assert _launch_dtype(SglangEngine(EngineConfig(**cfg, dtype="bfloat16"))) == "bfloat16"
     assert SglangEngine(EngineConfig(**cfg)).dtype_choice().dtype == "auto"
+
+
+@pytest.mark.parametrize(("flags", "dtype"), [(AVX2_EPYC, "float32"), (SAPPHIRE, "bfloat16")])
+def test_sglang_on_the_cpu_launches_with_the_chosen_dtype(
+    monkeypatch: pytest.MonkeyPatch, flags: str, dtype: str
+) -> None:
+    facts = CpuFacts("cpu", 2, tuple(f for f in cpu.ISA_FLAGS if f in flags.split()))
+    monkeypatch.setattr("kvscope.engines.sglang.gpu_present", lambda: False)
+    monkeypatch.setattr("kvscope.engines.sglang.read_cpu", lambda engine_env=None: facts)
+    cfg = {"kind": "sglang", "model": "/models/x"}
+    assert _launch_dtype(SglangEngine(EngineConfig(**cfg))) == dtype
+    assert _launch_dtype(SglangEngine(EngineConfig(**cfg, dtype="float32"))) == "float32"
 
 
 @pytest.mark.parametrize(("cores", "reserved"), [(1, "0"), (2, "0"), (4, None), (None, None)])

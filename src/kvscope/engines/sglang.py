@@ -1,30 +1,54 @@
-"""SGLang, the first-class target on GPU machines: launch with full telemetry, or attach by URL.
+"""SGLang, the first-class target: launch with full telemetry (on a CUDA GPU, or on the CPU), or
+attach by URL.
 
 Every SGLang-specific name lives here (flags, metric names, the custom-label header). Flags are
-checked against SGLang 0.5.23's own argument parser (tests/sglang); re-check on upgrade.
+checked against SGLang 0.5.23's own argument parser (tests/sglang_conformance) and a live server
+(tests/integration/sglang); re-check on upgrade. Without a CUDA GPU, kvscope launches SGLang's
+CPU engine (shared/notes/sglang-cpu-live.md) from its own venv (engines/sglang_install.py).
 """
 
+import functools
 import json
+import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
-from kvscope.engines import model
+from kvscope.engines import model, sglang_ids, sglang_install
 from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
+from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
+from kvscope.engines.install import Report, venv_python
 from kvscope.engines.process import require_free_port
 from kvscope.errors import ConfigError, EngineNotInstalled
 
 TESTED_VERSION = "0.5.23"
 AGENT_LABEL = "agent"
 LABEL_HEADER = "x-custom-labels"  # SGLang's default --tokenizer-metrics-custom-labels-header
+# Without --max-total-tokens SGLang's CPU engine sizes its KV pool from free host memory (GBs):
+# kvscope's default on the CPU is a pool of this many tokens (as vLLM CPU's 1 GiB).
+CPU_DEFAULT_CAPACITY = 32768
+SMALL_MACHINE_CORES = 2  # where OMP_NUM_THREADS=1 was measured (cpu_threads)
 
 
+def cpu_threads(cores: int | None) -> dict[str, str]:
+    """OpenMP threads for SGLang's CPU engine on a machine of SMALL_MACHINE_CORES or fewer.
+
+    Measured on a 2-core AVX-512 EPYC (shared/notes/sglang-cpu-live.md): with the default (one
+    thread per core) the model's threads compete with the tokenizer, detokenizer and HTTP
+    processes and with kvscope itself, and requests under load were 3-6x slower than with one
+    thread. Larger machines keep SGLang's own choice.
+    """
+    if cores is None or cores > SMALL_MACHINE_CORES:
+        return {}
+    return {"OMP_NUM_THREADS": "1"}
+
+
+@functools.cache
 def gpu_present() -> bool:
     if shutil.which("nvidia-smi") is None:
         return False
@@ -74,8 +98,27 @@ class SglangEngine(Engine):
     }
 
     @property
+    def on_cpu(self) -> bool:
+        """Launched on the CPU: no CUDA GPU on this machine."""
+        return not gpu_present()
+
+    @property
     def python(self) -> str:
-        return self.config.python or sys.executable
+        """The interpreter SGLang runs in: `python:` from the config, else kvscope's own SGLang
+        venv of the flavour this machine takes (CPU or CUDA)."""
+        if self.config.python:
+            return self.config.python
+        return str(venv_python(sglang_install.venv_root(cpu=self.on_cpu)))
+
+    def install(self, report: Report) -> None:
+        if self.config.url or self.config.python:
+            return
+        if not sglang_install.complete(cpu=self.on_cpu):
+            report(f"installing SGLang {sglang_install.VERSION} ({self.describe_flavour()})")
+        sglang_install.install(report, cpu=self.on_cpu)
+
+    def describe_flavour(self) -> str:
+        return "CPU engine, no CUDA GPU here" if self.on_cpu else "CUDA build"
 
     @property
     def model_path(self) -> str:
@@ -132,12 +175,16 @@ class SglangEngine(Engine):
             argv += ["--served-model-name", c.served_model_name]
         if not c.prefix_cache:
             argv.append("--disable-radix-cache")
-        if c.kv_capacity_tokens is not None:
-            argv += ["--max-total-tokens", str(c.kv_capacity_tokens)]
+        capacity = c.kv_capacity_tokens
+        if capacity is None and self.on_cpu:
+            capacity = CPU_DEFAULT_CAPACITY
+        if capacity is not None:
+            argv += ["--max-total-tokens", str(capacity)]
         if c.page_size is not None:
             argv += ["--page-size", str(c.page_size)]
-        if c.dtype != "auto":
-            argv += ["--dtype", c.dtype]
+        dtype = self.dtype_choice().dtype
+        if dtype != "auto":
+            argv += ["--dtype", dtype]
         if c.hierarchical_cache:
             argv.append("--enable-hierarchical-cache")
         ep = self.endpoints()
@@ -150,8 +197,19 @@ class SglangEngine(Engine):
                 "topic": "kv-events",
             }
             argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1"}
+        if self.on_cpu:
+            # the CPU engine; torch_native attention (the x86 default, intel_amx, calls native
+            # kernels); an idle scheduler that sleeps instead of polling (~90% of a core)
+            argv += [
+                "--device", "cpu", "--attention-backend", "torch_native",
+                "--disable-cuda-graph", "--sleep-on-idle",
+            ]  # fmt: skip
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+            if c.python is None:
+                env.update(cpu_threads(os.cpu_count()))
         argv += list(c.extra_args)
-        return Launch(tuple(argv), tuple(c.env.items()))
+        return Launch(tuple(argv), tuple({**env, **c.env}.items()))
 
     def request_tags(
         self, request_uuid: str, agent_id: str
@@ -165,9 +223,16 @@ class SglangEngine(Engine):
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
         return body, {LABEL_HEADER: labels}
 
-    # prompt_ids_fields stays {}: nothing in the recorded SGLang 0.5.23 replies
-    # (tests/fixtures/sglang-0.5.23) shows prompt ids on its OpenAI endpoints, so its rows take
-    # their ids from the model's tokenizer and chat template (probe/instrument.py).
+    def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return sglang_ids.request_fields(body)
+
+    @classmethod
+    def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
+        return sglang_ids.prompt_ids(reply)
+
+    @classmethod
+    def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
+        return sglang_ids.without_ids(data, chunk)
 
     def exported_timings(self) -> dict[str, dict[str, float | None]]:
         """From --export-metrics-to-file: rid -> queue / prefill / decode ms (the rid is ours)."""
@@ -184,15 +249,16 @@ class SglangEngine(Engine):
         c = self.config
         if c.url:
             return
+        if c.python is None and not sglang_install.complete(cpu=self.on_cpu):
+            raise EngineNotInstalled(
+                f"SGLang ({self.describe_flavour()}) is not installed in "
+                f"{sglang_install.venv_root(cpu=self.on_cpu)}; run `kvscope engine install "
+                "--engine sglang`"
+            )
         if not importable(self.python, "sglang"):
             raise EngineNotInstalled(
                 f"SGLang is not importable by {self.python}; set `python:` to an interpreter "
                 "that has it, or attach to a running server with `url:`"
-            )
-        if not gpu_present():
-            raise EngineNotInstalled(
-                "SGLang needs a CUDA GPU and none was found (nvidia-smi -L); attach to a "
-                "running SGLang server with `url:`, or use the embedded engine `kind: vllm`"
             )
         if not Path(self.model_path).exists() and c.model is None:
             raise ConfigError(f"model path {self.model_path} does not exist")
@@ -210,6 +276,12 @@ class SglangEngine(Engine):
         except OSError:
             return None
         return out.stdout.strip() or None
+
+    def dtype_choice(self) -> DtypeChoice:
+        # On the CPU as for vLLM CPU: bfloat16 only where the CPU computes it natively.
+        if not self.on_cpu:
+            return super().dtype_choice()
+        return choose_dtype(self.config.dtype, read_cpu(engine_env=self.config.env))
 
     def model_facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"model_id": self.model_path}

@@ -207,6 +207,10 @@ class VllmEngine(Engine):
         body = {"request_id": request_uuid, "session_id": request_uuid}
         return body, {REQUEST_ID_HEADER: request_uuid}
 
+    def install(self, report: Report) -> None:
+        if self.config.python is None:
+            install(report)
+
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return vllm_ids.request_fields(body)
 

@@ -1,0 +1,75 @@
+"""SGLang's `return_input_ids_in_sglext`: the prompt's exact token ids, returned with the reply.
+
+What SGLang 0.5.23 does with `"return_input_ids_in_sglext": true` on /v1/chat/completions (read
+in its source, sglang/srt/entrypoints/openai/serving_chat.py and protocol.py, and seen live:
+tests/fixtures/sglang-0.5.23/prompt_ids/):
+
+- non-streamed: the body gains a top-level `"sglext": {"input_ids": [...]}` (SGLang drops the
+  `sglext` key when it has nothing in it, so without the flag the key is absent);
+- streamed: one extra chunk after the last choice chunk, with `"choices": []`, `"usage": null`
+  and the same `sglext`; the usage chunk follows it unchanged.
+The same flag also comes as the header `x-sglext-return-input-ids: 1`. Other `sglext` members
+(cached_tokens_details, spec_tokens_details, output ids...) come only when asked for.
+
+`without_ids` turns a reply or chunk that carries them back into what SGLang sends without the
+flag: the `input_ids` member is cut out of `sglext` (and `sglext` with it when it held nothing
+else: a byte-level edit, as a `"input_ids":[` can never occur inside a JSON string), every
+other byte unchanged; the chunk only the flag brings is dropped.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+FIELD = "return_input_ids_in_sglext"
+HEADER = "x-sglext-return-input-ids"
+_IDS = rb'"input_ids"\s*:\s*\[[-0-9,\s]*\]'
+_ONLY_IDS = re.compile(rb'\s*,\s*"sglext"\s*:\s*\{\s*' + _IDS + rb"\s*\}")
+_FIRST_OF_MORE = re.compile(rb'("sglext"\s*:\s*\{\s*)' + _IDS + rb"\s*,\s*")
+_AFTER_OTHERS = re.compile(rb'(?<=[\]}"el0-9])\s*,\s*' + _IDS + rb"(?=\s*\})")
+
+
+def request_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The field to add to a chat `body` to get its prompt's ids; none when the app set it
+    itself, or for a completions prompt (SGLang returns its ids on chat only)."""
+    if FIELD in body or "messages" not in body:
+        return {}
+    return {FIELD: True}
+
+
+def prompt_ids(reply: Mapping[str, Any]) -> list[int] | None:
+    """The prompt ids in a reply body or chunk (`sglext.input_ids`); None where there are none
+    or they are not a list of ints."""
+    ext = reply.get("sglext")
+    ids = ext.get("input_ids") if isinstance(ext, Mapping) else None
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        return None
+    return ids
+
+
+def without_ids(data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
+    """`data` (a reply body, or one SSE event whose parsed JSON is `chunk`) as SGLang sends it
+    without the flag; None for the chunk only the flag brings."""
+    if chunk is not None and _only_ids_chunk(chunk):
+        return None
+    if b'"input_ids"' not in data:
+        return data
+    edited, n = _ONLY_IDS.subn(b"", data, count=1)
+    if n:
+        return edited
+    edited, n = _FIRST_OF_MORE.subn(rb"\1", data, count=1)
+    if n:
+        return edited
+    return _AFTER_OTHERS.sub(b"", data, count=1)
+
+
+def _only_ids_chunk(chunk: Mapping[str, Any]) -> bool:
+    """The streamed chunk sent only because of the flag: no choices, no usage, and nothing in
+    `sglext` but the ids."""
+    ext = chunk.get("sglext")
+    return (
+        chunk.get("choices") == []
+        and chunk.get("usage") is None
+        and isinstance(ext, Mapping)
+        and set(ext) == {"input_ids"}
+    )
