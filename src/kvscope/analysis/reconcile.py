@@ -1,8 +1,10 @@
 """Do kvscope's per-request numbers agree with the engine's own counters? Shown, never hidden."""
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from kvscope.collect.series import Points, from_first_scrape
 
 # kvscope counter name -> the request-table column it should equal the sum of
 PAIRS = {"cached_tokens_total": "cached_tokens", "prompt_tokens_total": "prompt_tokens"}
@@ -57,3 +59,10 @@ def reconcile(
             )
         )
     return out
+
+
+def counter_values(series: Mapping[str, Points]) -> dict[str, Sequence[float]]:
+    """reconcile's `counters` from a run's instant series (kvscope name -> points): each counter's
+    values from the run's first scrape, where one first seen later had counted 0 (an engine
+    creates a labelled counter at its first increment: collect.series.from_first_scrape)."""
+    return {k: [v for _, v in pts] for k, pts in from_first_scrape(series, PAIRS).items()}

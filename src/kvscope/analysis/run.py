@@ -15,7 +15,7 @@ from kvscope.analysis import evictions, latency, provenance, routing, transition
 from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
-from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.analysis.reconcile import Reconciliation, counter_values, reconcile
 from kvscope.analysis.server import (
     ReplicaServer,
     deployment_summary,
@@ -178,9 +178,8 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
     blocks = load_blocks(run_dir)
     block_rows = blocks.to_pylist() if blocks is not None else None
     fit = latency.fit_prefill_cost(table)
-    counters = {name: [v for _, v in pts] for name, pts in series.items()}
     servers = replica_servers(run_dir, rows)
-    checks = reconcile(rows, counters, counter_delta) if sampled else []
+    checks = reconcile(rows, counter_values(series), counter_delta) if sampled else []
     order = agent_order(rows)
     return RunAnalysis(
         run_dir=run_dir,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.analysis.reconcile import Reconciliation, reconcile
+from kvscope.analysis.reconcile import Reconciliation, counter_values, reconcile
 from kvscope.collect.series import counter_delta
 from kvscope.records import metrics
 from kvscope.records.metrics import ScrapeSummary, Series
@@ -39,8 +39,9 @@ def server_summary(series: Series) -> dict[str, float]:
 
 def _deltas(series: Series) -> tuple[float | None, float | None]:
     """The prompt and cached token counters' increase over the run (None: not exposed)."""
-    prompt = counter_delta(v for _, v in series.get("prompt_tokens_total", ()))
-    cached = counter_delta(v for _, v in series.get("cached_tokens_total", ()))
+    counters = counter_values(series)
+    prompt = counter_delta(counters.get("prompt_tokens_total", ()))
+    cached = counter_delta(counters.get("cached_tokens_total", ()))
     return prompt, cached
 
 
@@ -72,7 +73,7 @@ def replica_servers(run_dir: Path, rows: Sequence[Row]) -> list[ReplicaServer]:
         gaps = folder / metrics.METRICS_GAPS
         sampled = bool(series) or (folder / metrics.METRICS_JSONL).exists()
         served = [r for r in rows if r.get("replica") == name]
-        counters = {k: [v for _, v in pts] for k, pts in series.items()}
+        counters = counter_values(series)
         prompt, cached = _deltas(series)
         out.append(
             ReplicaServer(

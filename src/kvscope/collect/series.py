@@ -26,6 +26,32 @@ def counter_delta(values: Iterable[float | None]) -> float | None:
     return None if last is None else delta
 
 
+def from_first_scrape(series: Mapping[str, Points], counters: Iterable[str]) -> dict[str, Points]:
+    """`counters`' points in a run's instant series (kvscope name -> points), each from the run's
+    first scrape: a counter first seen after it gets a 0 at it. A counter never seen is left out
+    (its increase is None: not exposed, never 0).
+
+    A counter counts from 0 at its creation, and an engine creates a labelled one at its first
+    increment. Where the exposition leaves out a family with no sample yet, as prometheus_client's
+    multiprocess mode does (SGLang's /metrics: no `sglang:cached_tokens_total` at all before the
+    first cache hit), the scrape has nothing to read, and a delta from the first value seen would
+    drop that value (a live run's cached tokens "differed by -381", its first call's hit). A single
+    scrape cannot tell "not yet counted" from "not exposed"; a later scrape of the same engine
+    that has it can. The run's first scrape is the earliest point of any series (every successful
+    scrape gives some instant value: capacity, usage, running requests).
+    """
+    starts = [points[0][0] for points in series.values() if points]
+    if not starts:
+        return {}
+    first = min(starts)
+    out: dict[str, Points] = {}
+    for name in counters:
+        points = series.get(name)
+        if points:
+            out[name] = points if points[0][0] <= first else [(first, 0.0), *points]
+    return out
+
+
 def series_deltas(
     rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], K | None]
 ) -> dict[K, float | None]:
