@@ -31,7 +31,7 @@ def test_an_attached_sglang_tags_its_calls_as_sglang() -> None:
     body, _ = wire.request_tags("u2", "")
     assert body == {"rid": "u2", "session_id": "u2"}
     assert wire.cache_reset_path == SglangEngine.cache_reset_path
-    assert not wire.gives_prompt_ids()  # its ids come from the model's tokenizer, if any
+    assert wire.gives_prompt_ids()  # return_input_ids_in_sglext: its ids come back with the reply
 
 
 def test_unknown_family_and_launched_engines_are_left_as_they_are() -> None:

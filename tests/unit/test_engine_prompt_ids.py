@@ -11,7 +11,6 @@ from vllm_stub import EVENTS, USAGE, Stub
 
 from kvscope.config import EngineConfig
 from kvscope.engines import vllm_ids
-from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.intercept import Interceptor
@@ -100,13 +99,6 @@ def test_an_app_that_turns_ids_off_or_echoes_is_not_asked() -> None:
         post(stub, "/v1/chat/completions", {"model": "m", "messages": HI} | extra, rows)
         assert stub.received[-1][1].get("return_token_ids") is extra.get("return_token_ids")
         assert rows[0].prompt_token_source is None and rows.ids == []  # no tokenizer either
-
-
-def test_sglang_is_not_asked() -> None:
-    stub, rows = Stub(), Captured()
-    post(stub, "/v1/chat/completions", {"model": "m", "messages": HI}, rows,
-         SglangEngine(EngineConfig(kind="sglang")))  # fmt: skip
-    assert "return_token_ids" not in stub.received[-1][1]
 
 
 @pytest.mark.parametrize("stream", [False, True])

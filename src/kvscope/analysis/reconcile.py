@@ -8,6 +8,7 @@ from kvscope.collect.series import Points, from_first_scrape
 
 # kvscope counter name -> the request-table column it should equal the sum of
 PAIRS = {"cached_tokens_total": "cached_tokens", "prompt_tokens_total": "prompt_tokens"}
+EVICTED = "evicted_tokens_total"  # checked against the KV events' evicted blocks (evictions)
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class Reconciliation:
     engine_delta: float | None  # the counter's increase over the run (resets handled)
     unmeasured_rows: int  # rows whose column is null (failed calls, engines that don't report)
     replica: str | None = None  # a deployment's replica: its counters vs the calls it served
+    source: str = "requests"  # what kvscope's side sums: the request rows, or the KV events
 
     @property
     def difference(self) -> float | None:
@@ -30,10 +32,13 @@ class Reconciliation:
         return None if diff is None else diff == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """summary.json's entry: the fields and the difference; `replica` only for a replica."""
+        """summary.json's entry: the fields and the difference; `replica` only for a replica,
+        `source` only where it is not the request rows."""
         out = asdict(self) | {"difference": self.difference}
         if self.replica is None:
             del out["replica"]
+        if self.source == "requests":
+            del out["source"]
         return out
 
 
@@ -66,3 +71,18 @@ def counter_values(series: Mapping[str, Points]) -> dict[str, Sequence[float]]:
     values from the run's first scrape, where one first seen later had counted 0 (an engine
     creates a labelled counter at its first increment: collect.series.from_first_scrape)."""
     return {k: [v for _, v in pts] for k, pts in from_first_scrape(series, PAIRS).items()}
+
+
+def evictions(
+    blocks: Sequence[Mapping[str, Any]] | None,
+    series: Mapping[str, Points],
+    delta: Callable[[Iterable[float]], float | None],
+) -> Reconciliation | None:
+    """The tokens of the blocks the KV events say were evicted during the run against the
+    engine's own eviction counter (SGLang's `sglang:evicted_tokens_total`); None where either
+    side is missing (no KV events; vLLM 0.32 has no such counter)."""
+    points = from_first_scrape(series, [EVICTED]).get(EVICTED)
+    if blocks is None or not points:
+        return None
+    evicted = sum(b["tokens"] or 0 for b in blocks if b["removal"] == "evicted")
+    return Reconciliation(EVICTED, evicted, delta(v for _, v in points), 0, source="kv_events")

@@ -16,6 +16,7 @@ from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
 from kvscope.analysis.reconcile import Reconciliation, counter_values, reconcile
+from kvscope.analysis.reconcile import evictions as reconciled_evictions
 from kvscope.analysis.server import (
     ReplicaServer,
     deployment_summary,
@@ -180,6 +181,8 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
     fit = latency.fit_prefill_cost(table)
     servers = replica_servers(run_dir, rows)
     checks = reconcile(rows, counter_values(series), counter_delta) if sampled else []
+    if sampled and (evicted := reconciled_evictions(block_rows, series, counter_delta)):
+        checks.append(evicted)
     order = agent_order(rows)
     return RunAnalysis(
         run_dir=run_dir,

@@ -20,7 +20,9 @@ from kvscope.records.metrics import ScrapeSummary, Series
 from kvscope.records.run_dir import replica_dirs
 
 Row = dict[str, Any]
-_LEVELS = ("kv_used_tokens", "kv_usage", "running_requests", "queued_requests")
+_LEVELS = (
+    "kv_used_tokens", "kv_evictable_tokens", "kv_usage", "running_requests", "queued_requests",
+)  # fmt: skip
 
 
 def server_summary(series: Series) -> dict[str, float]:

@@ -172,7 +172,7 @@ def show(outcome: "RunOutcome", *, verdicts: bool) -> None:
             verdict = f"[red]differs by {r.difference:+,.0f}[/]"
         console.print(
             f"reconcile {r.replica + ' ' if r.replica else ''}{r.counter}: "
-            f"requests {_n(r.requests_sum)} vs engine "
+            f"{r.source.replace('_', ' ')} {_n(r.requests_sum)} vs engine "
             f"{_n(r.engine_delta)}: {verdict}"
             + (f" ({r.unmeasured_rows} rows unmeasured)" if r.unmeasured_rows else "")
         )

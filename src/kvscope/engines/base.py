@@ -21,6 +21,7 @@ REDACTED = "***"
 # kvscope's names for an engine's instant values (gauges and counters), read from one scrape.
 INSTANT_VALUES = (
     "kv_used_tokens",  # KV slots held by running requests (not the evictable cached ones)
+    "kv_evictable_tokens",  # cached by no running request: kept for reuse until evicted
     "kv_capacity_tokens",
     "kv_usage",  # fraction 0..1
     "cache_hit_rate",
@@ -174,7 +175,7 @@ class Engine(ABC):
 
     def gives_prompt_ids(self) -> bool:
         """Whether this engine returns a prompt's token ids when asked (prompt_ids_fields)."""
-        return bool(self.prompt_ids_fields({}))
+        return bool(self.prompt_ids_fields({"messages": []}))  # a chat call's
 
     @classmethod
     def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:

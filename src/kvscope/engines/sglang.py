@@ -76,6 +76,7 @@ class SglangEngine(Engine):
     # radix-cached slots (sglang:kv_evictable_tokens), as vLLM's usage does.
     metric_samples: ClassVar[dict[str, str]] = {
         "kv_used_tokens": "sglang:kv_used_tokens",
+        "kv_evictable_tokens": "sglang:kv_evictable_tokens",  # the radix tree's unlocked tokens
         "kv_capacity_tokens": "sglang:max_total_num_tokens",
         "kv_usage": "sglang:token_usage",
         "cache_hit_rate": "sglang:cache_hit_rate",  # of the LAST prefill batch only

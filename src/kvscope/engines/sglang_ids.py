@@ -7,14 +7,22 @@ tests/fixtures/sglang-0.5.23/prompt_ids/):
 - non-streamed: the body gains a top-level `"sglext": {"input_ids": [...]}` (SGLang drops the
   `sglext` key when it has nothing in it, so without the flag the key is absent);
 - streamed: one extra chunk after the last choice chunk, with `"choices": []`, `"usage": null`
-  and the same `sglext`; the usage chunk follows it unchanged.
-The same flag also comes as the header `x-sglext-return-input-ids: 1`. Other `sglext` members
-(cached_tokens_details, spec_tokens_details, output ids...) come only when asked for.
+  and the same `sglext`; the usage chunk follows it unchanged. Where the app asked for other
+  `sglext` members, that chunk is sent without the flag too, and the flag only adds `input_ids`
+  to it (with the app's header `x-sglext-ids-framed: 1`, the ids come in an event of their own,
+  `event: sglext_ids`).
+The same flag also comes as the header `x-sglext-return-input-ids: 1`, or for every request
+from the server flag `--return-input-ids`; `request_fields` sees neither, so such an app's ids
+are taken out too. Other `sglext` members (cached_tokens_details, spec_tokens_details,
+output_ids...) come only when asked for.
 
 `without_ids` turns a reply or chunk that carries them back into what SGLang sends without the
-flag: the `input_ids` member is cut out of `sglext` (and `sglext` with it when it held nothing
-else: a byte-level edit, as a `"input_ids":[` can never occur inside a JSON string), every
-other byte unchanged; the chunk only the flag brings is dropped.
+flag: the `input_ids` member is cut out of `sglext` with the comma that joins it to its
+neighbour (and `sglext` with it when it held nothing else: a byte-level edit, as a
+`"input_ids":[` can never occur inside a JSON string), every other byte unchanged; the chunk
+only the flag brings is dropped. `sglext` is the last member of SGLang's reply and chunk, and
+`input_ids` may sit first, between others (`output_ids`, which SGLang puts after it) or last:
+the last `"input_ids"` after the `"sglext"` key is the one cut.
 """
 
 import re
@@ -25,8 +33,8 @@ FIELD = "return_input_ids_in_sglext"
 HEADER = "x-sglext-return-input-ids"
 _IDS = rb'"input_ids"\s*:\s*\[[-0-9,\s]*\]'
 _ONLY_IDS = re.compile(rb'\s*,\s*"sglext"\s*:\s*\{\s*' + _IDS + rb"\s*\}")
-_FIRST_OF_MORE = re.compile(rb'("sglext"\s*:\s*\{\s*)' + _IDS + rb"\s*,\s*")
-_AFTER_OTHERS = re.compile(rb'(?<=[\]}"el0-9])\s*,\s*' + _IDS + rb"(?=\s*\})")
+_SGLEXT = re.compile(rb'"sglext"\s*:\s*\{')
+_MEMBER = re.compile(_IDS)
 
 
 def request_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,10 +65,17 @@ def without_ids(data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
     edited, n = _ONLY_IDS.subn(b"", data, count=1)
     if n:
         return edited
-    edited, n = _FIRST_OF_MORE.subn(rb"\1", data, count=1)
-    if n:
-        return edited
-    return _AFTER_OTHERS.sub(b"", data, count=1)
+    ext = _SGLEXT.search(data)
+    members = list(_MEMBER.finditer(data, ext.end())) if ext else []
+    if not members:
+        return data
+    start, end = members[-1].span()
+    before, after = data[:start].rstrip(), data[end:].lstrip()
+    if before.endswith(b","):  # after another member: cut from the comma before it
+        return before[:-1] + data[end:]
+    if after.startswith(b","):  # first of more: cut up to the member after it
+        return data[:start] + after[1:].lstrip()
+    return data
 
 
 def _only_ids_chunk(chunk: Mapping[str, Any]) -> bool:

@@ -6,7 +6,8 @@ gives the row's prompt columns and appends the ids to the prompt-token stream.
 
 Where the ids come from (`prompt_token_source`):
 
-- "engine": the engine returned them with its reply (vLLM's `return_token_ids`, probe/wire.py);
+- "engine": the engine returned them with its reply (vLLM's `return_token_ids`, SGLang's
+  `return_input_ids_in_sglext`; probe/wire.py);
 - "request": a /v1/completions `prompt` that is itself a list of token ids;
 - "tokenizer": the model's chat template and tokenizer (probe/tokens.py): chat `messages`
   (text parts, tool calls and tool messages, the request's `tools`), or a completions `prompt`

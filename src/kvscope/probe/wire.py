@@ -12,10 +12,11 @@ What changes on the wire, and what the app sees of it:
   the engine's other bytes unchanged, re-chunked at event boundaries. A stream the app asked usage
   for is passed through byte for byte.
 - where the engine can return the prompt's exact token ids (`Engine.prompt_ids_fields`: vLLM's
-  `return_token_ids`) and the app did not set that field itself, it is added, and what it brings
-  is taken out of the reply before the app reads it (`Engine.without_prompt_ids`): in a stream,
-  only the events that carried ids are edited (each id list back to the `null` the engine sends
-  without the flag) and the events only the flag brings are dropped, re-chunked at event
+  `return_token_ids`, SGLang's `return_input_ids_in_sglext`) and the app did not set that field
+  itself, it is added, and what it brings is taken out of the reply before the app reads it
+  (`Engine.without_prompt_ids`): in a stream, only the events that carried ids are edited (back
+  to what the engine sends without the flag: vLLM's id lists to `null`, SGLang's `sglext` member
+  cut out) and the events only the flag brings are dropped, re-chunked at event
   boundaries as above; a non-streamed body is held to its end and handed over edited the same
   way (its Content-Length header still gives the engine's length). An app that set the field
   itself reads the engine's bytes unchanged; the ids are read either way.

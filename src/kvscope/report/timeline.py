@@ -1,7 +1,7 @@
 """KV usage and running/queued requests over time, with every agent call drawn on the same axis."""
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     if used:
         kv.plot([secs(t) for t, _ in used], [v for _, v in used], color="#333", lw=1.2,
                 label="KV cache used")  # fmt: skip
+    _evictable(kv, series, secs)
     cap = series.get("kv_capacity_tokens", ())
     if cap:
         kv.axhline(cap[-1][1], color="#999", ls="--", lw=1, label=f"capacity {cap[-1][1]:,.0f}")
@@ -91,3 +92,17 @@ def _legend_or_note(ax: plt.Axes) -> None:
     else:  # say so instead of leaving an empty panel
         ax.text(0.5, 0.5, "no /metrics samples", ha="center", va="center",
                 transform=ax.transAxes, color="#999")  # fmt: skip
+
+
+def _evictable(kv: Any, series: Series, secs: Callable[[int], float]) -> None:
+    """Cached tokens no running request holds (SGLang's radix tree), stacked on the used ones:
+    together they are what the pool holds; the engine evicts from the evictable part."""
+    evictable = dict(series.get("kv_evictable_tokens", ()))
+    used = dict(series.get("kv_used_tokens", ()))
+    at = [t for t in sorted(evictable) if t in used]
+    if not at:
+        return
+    low = [used[t] for t in at]
+    high = [used[t] + evictable[t] for t in at]
+    kv.fill_between([secs(t) for t in at], low, high, color="#8ab6d6", alpha=0.5,
+                    label="cached, evictable (no running request)")  # fmt: skip
