@@ -1,7 +1,9 @@
-"""Embedded engine speed per dtype and CPU ISA: prints numbers, asserts nothing.
+"""CPU engine speed per dtype and CPU ISA: prints numbers, asserts nothing.
 
-    .venv/bin/python bench/engine_startup.py [--dtype auto float32 bfloat16] [--isa native avx2]
-        [--runs 1] [--env VLLM_CPU_OMP_THREADS_BIND=nobind ...]
+    .venv/bin/python bench/engine_startup.py [--engine vllm|sglang] [--dtype auto float32 bfloat16]
+        [--isa native avx2] [--runs 1] [--env VLLM_CPU_OMP_THREADS_BIND=nobind ...]
+
+--engine: the embedded vLLM CPU (default) or SGLang's CPU engine, both as kvscope launches them.
 
 For each dtype x ISA (x run): seconds to healthy, memory (RSS) of the engine's process tree once
 healthy, cold prefill tokens/s (a ~1,000-token prompt never seen before, one output token),
@@ -71,8 +73,9 @@ def chat(base: str, system: str, max_tokens: int) -> tuple[float, list[float], d
     return first, later, usage
 
 
-def measure(dtype: str, isa: str, env: dict[str, str]) -> dict[str, float]:
-    cfg = EngineConfig(port=8190, kv_events_port=5690, dtype=dtype, env={**ISA_CAPS[isa], **env})  # type: ignore[arg-type]
+def measure(kind: str, dtype: str, isa: str, env: dict[str, str]) -> dict[str, float]:
+    cfg = EngineConfig(kind=kind, port=8190, kv_events_port=5690, dtype=dtype,  # type: ignore[arg-type]
+                       env={**ISA_CAPS[isa], **env})  # fmt: skip
     engine = make_engine(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         handle = start(engine, Path(tmp) / "engine.log")
@@ -106,6 +109,7 @@ def measure(dtype: str, isa: str, env: dict[str, str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
     parser.add_argument("--dtype", nargs="+", default=["auto"])
     parser.add_argument("--isa", nargs="+", default=["native"], choices=sorted(ISA_CAPS))
     parser.add_argument("--runs", type=int, default=1)
@@ -114,6 +118,7 @@ def main() -> None:
     env = dict(kv.split("=", 1) for kv in args.env)
     cpu = read_cpu()
     print(f"CPU: {cpu.model}, {cpu.logical_cores} logical cores, flags {', '.join(cpu.flags)}")
+    print(f"engine: {args.engine}")
     if env:
         print(f"engine env: {env}")
     cols = ("healthy_s", "rss_mib", "prompt_tokens", "cold_s", "prefill_tok_s", "warm_s",
@@ -123,7 +128,7 @@ def main() -> None:
         for dtype in args.dtype:
             rows = []
             for run in range(1, args.runs + 1):
-                row = measure(dtype, isa, env)
+                row = measure(args.engine, dtype, isa, env)
                 rows.append(row)
                 label = f"{dtype}->{row['dtype_launched']}" if dtype == "auto" else dtype
                 print(

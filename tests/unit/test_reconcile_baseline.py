@@ -132,3 +132,16 @@ def test_a_gauge_family_without_samples_stays_unknown() -> None:
     Gauge("vllm:num_requests_running", "running", ["engine"], registry=registry)
     values = VllmEngine.kvscope_values(parse_metrics(generate_latest(registry).decode()))
     assert values["running_requests"] is None  # a gauge never set is not a measured 0
+
+
+def test_engine_check_counts_a_counter_first_listed_after_from_zero() -> None:
+    from kvscope.engines.smoke import SmokeResult
+
+    before = {"prompt_tokens_total": 6.0, "cached_tokens_total": None}
+    after = {"prompt_tokens_total": 2156.0, "cached_tokens_total": 1398.0}
+    check = SmokeResult("m", (), before, after, {}, {}, 0)
+    assert check.counter_delta("prompt_tokens_total") == 2150
+    assert check.counter_delta("cached_tokens_total") == 1398  # not listed before: 0 then
+    unread = SmokeResult("m", (), dict.fromkeys(after), after, {}, {}, 0)
+    assert unread.counter_delta("cached_tokens_total") is None  # the before-scrape failed
+    assert check.counter_delta("evicted_tokens_total") is None  # never listed: not exposed

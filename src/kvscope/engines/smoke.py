@@ -48,7 +48,13 @@ class SmokeResult:
     events_via_replay: int  # batches that came only through the replay socket
 
     def counter_delta(self, name: str) -> float | None:
+        """`name`'s increase over the check. A counter the engine listed only after (SGLang lists a
+        labelled counter from its first increment) counted 0 before, where the before-scrape
+        itself was read (it holds some counter); never seen after: None."""
         a, b = self.counters_before.get(name), self.counters_after.get(name)
+        read = any(v is not None for v in self.counters_before.values())
+        if a is None and b is not None and read:
+            a = 0.0
         return None if a is None or b is None else b - a
 
 
