@@ -11,6 +11,11 @@ its own process group and dies with kvscope (engines.process), so none is left b
 
 A launched vLLM replica publishes its KV events on a bound wildcard socket
 (VllmEngine.shared_kv_events), so kvscope's listener and a kv_aware router both subscribe.
+A launched SGLang replica writes its request log and request-metrics export into its own
+folder (its output_dir: replicas/<name>/, not the state directory the replicas would share)
+and logs the x-request-id header of each call beside its own rid (SGLANG_LOG_REQUEST_HEADERS):
+behind sglang-router that header is the only name of the call that reaches it
+(finalize.replicas).
 """
 
 import contextlib
@@ -21,15 +26,20 @@ from pathlib import Path
 from kvscope.config import DeploymentConfig, EngineConfig
 from kvscope.engines import make_engine, runtime
 from kvscope.engines import router as launcher
-from kvscope.engines.base import Engine
+from kvscope.engines.base import REQUEST_ID_HEADER, Engine
 from kvscope.engines.vllm import BLOCK_SIZE, VllmEngine
 from kvscope.records import run_dir as files
 
+SGLANG_LOG_HEADERS = "SGLANG_LOG_REQUEST_HEADERS"  # SGLang 0.5.23: headers its request log names
 
-def replica_configs(deployment: DeploymentConfig, engine: EngineConfig) -> list[EngineConfig]:
-    """One engine configuration per replica: its own ports (launched) or its URL (attached)."""
+
+def replica_configs(
+    deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path | None = None
+) -> list[EngineConfig]:
+    """One engine configuration per replica: its own ports (launched) or its URL (attached);
+    a launched SGLang replica also its own output_dir in `run_dir` (sglang_replica)."""
     out = []
-    for i in range(deployment.replicas):
+    for i, name in enumerate(deployment.replica_names()):
         if engine.kind == "attach":
             update: dict[str, object] = {"url": deployment.replica_urls[i]}
             if deployment.kv_events_endpoints:
@@ -37,14 +47,31 @@ def replica_configs(deployment: DeploymentConfig, engine: EngineConfig) -> list[
         else:
             step = i * deployment.port_stride
             update = {"port": engine.port + step, "kv_events_port": engine.kv_events_port + step}
+        if engine.kind == "sglang":
+            folder = files.replica_dir(run_dir, name) if run_dir is not None else None
+            update |= sglang_replica(engine, folder)
         out.append(EngineConfig.model_validate(engine.model_dump() | update))
     return out
 
 
-def replica_engines(deployment: DeploymentConfig, engine: EngineConfig) -> list[Engine]:
+def sglang_replica(engine: EngineConfig, folder: Path | None) -> dict[str, object]:
+    """What an SGLang replica's configuration adds to `engine`'s: x-request-id among the headers
+    its request log names (any the config names kept), and `folder` as its output_dir."""
+    named = [h.strip() for h in engine.env.get(SGLANG_LOG_HEADERS, "").split(",") if h.strip()]
+    headers = ",".join(dict.fromkeys([*named, REQUEST_ID_HEADER]))
+    update: dict[str, object] = {"env": {**engine.env, SGLANG_LOG_HEADERS: headers}}
+    if folder is not None:
+        update["output_dir"] = folder
+    return update
+
+
+def replica_engines(
+    deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path | None = None
+) -> list[Engine]:
     """The replicas' engines, named as deployment.replica_names(); vLLM ones share their KV
-    events and log each request they schedule (how kvscope learns the serving replica)."""
-    engines = [make_engine(c) for c in replica_configs(deployment, engine)]
+    events and log each request they schedule, SGLang ones log each call's x-request-id in
+    their own folder of `run_dir` (how kvscope learns the serving replica)."""
+    engines = [make_engine(c) for c in replica_configs(deployment, engine, run_dir)]
     for e in engines:
         if isinstance(e, VllmEngine):
             e.shared_kv_events = e.log_requests = True
@@ -100,7 +127,7 @@ def _collect(stop: Callable[[], None], errors: list[BaseException]) -> None:
 def start(deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path) -> RunningDeployment:
     """Every replica healthy, then the router healthy; on failure all of it stopped. Logs go to
     the run directory: replicas/<name>/engine.log and router.log."""
-    engines = replica_engines(deployment, engine)
+    engines = replica_engines(deployment, engine, run_dir)
     running = RunningDeployment(deployment)
     try:
         for name, e in zip(deployment.replica_names(), engines, strict=True):

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
 from kvscope.engines import model, sglang_ids, sglang_install
-from kvscope.engines.base import Endpoints, Engine, LatencyHistogram, Launch
+from kvscope.engines.base import REQUEST_ID_HEADER, Endpoints, Engine, LatencyHistogram, Launch
 from kvscope.engines.cpu import DtypeChoice, choose_dtype, read_cpu
 from kvscope.engines.install import Report, venv_python
 from kvscope.engines.process import require_free_port
@@ -217,12 +217,15 @@ class SglangEngine(Engine):
     ) -> tuple[dict[str, Any], dict[str, str]]:
         # rid is echoed as the response id and joins the export file and request logs;
         # session_id reaches BlockStored events: the request_uuid there attributes each stored
-        # block to its request. Never extra_key/cache_salt: they split the tree.
+        # block to its request. Never extra_key/cache_salt: they split the tree. x-request-id:
+        # the one name sglang-router passes on (it drops rid and session_id), which a replica
+        # logs beside its own rid (engines.deployment, finalize.replicas).
         body = {"rid": request_uuid, "session_id": request_uuid}
+        headers = {REQUEST_ID_HEADER: request_uuid}
         if not agent_id:  # no agent named: no label (never an empty one)
-            return body, {}
+            return body, headers
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
-        return body, {LABEL_HEADER: labels}
+        return body, {**headers, LABEL_HEADER: labels}
 
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return sglang_ids.request_fields(body)

@@ -1,5 +1,5 @@
 """sglang-router (PyPI `sglang-router`, "SGLang Model Gateway"): its command line, as kvscope
-launches it (engines.router), and what it does in front of vLLM replicas.
+launches it (engines.router), and what it does in front of vLLM and of SGLang replicas.
 
 A Rust binary wheel (0.3.2: `sglang_router/sglang_router_rs.abi3.so`, deps aiohttp, fastapi,
 uvicorn, orjson, setproctitle) with three console scripts for one CLI, `sglang-router`, `smg`
@@ -73,6 +73,31 @@ calls of 266 prompt tokens, header x-request-id and body request_id = a uuid):
 - SIGTERM: the router exits within about 2 s when no call is in flight.
 - tests/integration/test_sglang_router.py does the above through engines.deployment (round
   robin, then a second router with manual and one routing key per agent) in about 55 s.
+
+Seen in front of SGLang 0.5.23 replicas (2026-11-27: two CPU-engine replicas, SmolLM2-135M,
+the flags above with --policy round_robin, then cache_aware; recorded in
+tests/fixtures/sglang-0.5.23/router/, see its README):
+
+- What reaches the replica: the headers content-type, accept, host and x-request-id, nothing
+  else (x-custom-labels, x-override-rid, x-sglext-return-input-ids, x-kvscope-*: dropped), and
+  the rebuilt body: `rid`, `session_id`, `return_input_ids_in_sglext`, `request_id` and `user`
+  dropped (`metadata` is kept, but SGLang's ChatCompletionRequest has no such field), max_tokens
+  sent as max_completion_tokens. So SGLang names the call with a rid of its own (32 hex), its
+  KV events carry no session_id, its reply no `sglext.input_ids` (prompt ids come from the
+  tokenizer), and its metrics no `agent` label (every call counts under agent="").
+- SGLang 0.5.23 reads no x-request-id (its source names none) and takes x-override-rid only
+  under SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES, a header the router drops anyway; but its JSON
+  request log names the headers listed in SGLANG_LOG_REQUEST_HEADERS beside its rid
+  (`"headers": {"x-request-id": ...}`, on request.received and request.finished). kvscope
+  sends the request_uuid as x-request-id (SglangEngine.request_tags) and launches each replica
+  with that variable and its own output_dir (engines.deployment): finalize.replicas places
+  every call by it (4 of 4 calls, round_robin r0, r1, r0, r1; cache_aware 2 of 2 on one
+  replica), and the replica's metrics export (keyed by its rid) joins through it. Through
+  `kvscope run` (configs/router-sglang.yaml, 2 workflows): 16 of 16 calls placed under each
+  policy, 8 per replica as the router's smg_worker_cb_outcomes_total counted, and each
+  replica's prompt and cached token counters equal to the calls placed on it.
+- The reply passes through: its `id` (and each chunk's) is the replica's rid, so a call also
+  names its replica by sglang_response_id where its request log lacks the header.
 """
 
 from collections.abc import Sequence

@@ -13,7 +13,7 @@ miss from all of them (finalize.routing); the event and block tables carry a `re
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +36,12 @@ from kvscope.finalize.threads import with_thread_turns
 from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA
 from kvscope.records.finalized import Finalized, KvReport
-from kvscope.records.run_dir import ENGINE_LOG, replica_dirs
+from kvscope.records.run_dir import (
+    ENGINE_LOG,
+    SGLANG_REQUEST_LOGS,
+    SGLANG_REQUEST_METRICS,
+    replica_dirs,
+)
 
 Timings = Mapping[str, Mapping[str, float | None]]  # request_uuid -> the engine's own timings
 Row = dict[str, Any]
@@ -116,13 +121,41 @@ def _with_context(rows: list[Row], caches: list[_Cache]) -> int:
 
 
 def _placed(rows: list[Row], caches: list[_Cache]) -> list[Row]:
-    """A deployment's rows with the replica that served each."""
-    logs = {}
+    """A deployment's rows with the replica that served each (finalize.replicas); an SGLang
+    replica's exported timings set on the rows it served."""
+    logs: dict[str, str] = {}
+    seen: dict[str, replicas.Seen] = {}
     for c in caches:
         log = c.folder / ENGINE_LOG
         logs[str(c.name)] = log.read_text(errors="replace") if log.exists() else ""
+        seen[str(c.name)] = replicas.sglang_requests(_lines(c.folder / SGLANG_REQUEST_LOGS))
     stored = {str(c.name): c.events.session_id.to_pylist() if c.events else [] for c in caches}
-    return replicas.place(rows, logs, stored)
+    rows = replicas.place(rows, logs, stored, seen)
+    for c in caches:
+        _add_replica_exported(rows, str(c.name), seen[str(c.name)], c.folder)
+    return rows
+
+
+def _lines(folder: Path) -> Iterator[str]:
+    """Every line of every file in `folder` (none where it is missing)."""
+    for path in sorted(folder.glob("*")) if folder.is_dir() else ():
+        with path.open(errors="replace") as f:
+            yield from f
+
+
+def _add_replica_exported(rows: list[Row], name: str, seen: replicas.Seen, folder: Path) -> None:
+    """The timings an SGLang replica exported (--export-metrics-to-file, by its own rids) set on
+    the rows placed on it: a rid is a row's by the x-request-id its request log names with it,
+    or by the row's reply id."""
+    from kvscope.engines.sglang import export_line_timings
+
+    mine = {r["request_uuid"]: r for r in rows if r.get("replica") == name}
+    by_rid = {r["sglang_response_id"]: r for r in mine.values() if r.get("sglang_response_id")}
+    by_rid |= {rid: mine[h] for rid, h in seen.items() if h in mine}
+    for line in _lines(folder / SGLANG_REQUEST_METRICS) if by_rid else ():
+        rid, timings = export_line_timings(line)
+        if rid is not None and rid in by_rid:
+            _add_exported(by_rid[rid], timings)
 
 
 def _provenance(

@@ -34,6 +34,11 @@ REPLAY_PNG = "replay.png"  # its hit ratio vs capacity per policy and agent
 # one engine's, in replicas/<name>/ (its engine.log, metrics, KV events); the router's beside.
 REPLICAS_DIR = "replicas"
 ROUTER_LOG = "router.log"
+# An SGLang replica's own files: its output_dir is replicas/<name>/ (engines.deployment), where
+# SglangEngine.launch puts its JSON request log (a file per host, rotated hourly) and its
+# request-metrics export (a file per hour); finalize places calls and takes timings from them.
+SGLANG_REQUEST_LOGS = "request_logs"
+SGLANG_REQUEST_METRICS = "request_metrics"
 ROUTER_METRICS = "router_metrics.json"  # the router's /metrics at the start and the end
 
 # What the MLflow run keeps (the JSONL streams are folded into their tables).
