@@ -1,0 +1,69 @@
+"""The shipped examples as a user's apps on a live SGLang: `kvscope profile --engine <SGLang
+config>` (the session's engine, reused) and `--attach URL` (a server kvscope did not start:
+the reconciliation baseline is read before the first call there too)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from helpers import KVSCOPE, ROOT, Up
+
+from kvscope.records.requests import PROVENANCE_COLUMNS
+
+pytestmark = pytest.mark.engine
+
+
+def profile(sglang: Up, tmp: Path, how: list[str], *program: str) -> tuple[str, Path]:
+    runs = tmp / "runs"
+    argv = [*KVSCOPE, "profile", *how, "--runs-dir", str(runs), "--", *program]
+    done = subprocess.run(argv, env=sglang.env, capture_output=True, text=True, timeout=1200,
+                          cwd=tmp)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_json,) = runs.glob("*/run.json")
+    return done.stderr, run_json.parent
+
+
+def rows_of(run_dir: Path) -> list[dict[str, Any]]:
+    return pq.read_table(run_dir / "requests.parquet").to_pylist()
+
+
+def check_measured(stderr: str, run_dir: Path, kv_events: bool = True) -> list[dict[str, Any]]:
+    rows = rows_of(run_dir)
+    assert rows and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        assert r["prompt_token_source"] == "engine" and r["prompt_token_mismatch"] is False
+        measured = [r[c] for c in PROVENANCE_COLUMNS]
+        if kv_events:  # provenance: every prompt token accounted for by the KV events
+            assert None not in measured and sum(measured) == r["prompt_tokens"], r
+        else:  # attached by URL alone: no KV event endpoint, no provenance (null, never 0)
+            assert measured == [None] * len(measured), r
+    summary = json.loads((run_dir / "summary.json").read_text())
+    recon = {r["counter"]: r for r in summary["reconciliation"]}
+    for counter in ("prompt_tokens_total", "cached_tokens_total"):
+        assert recon[counter]["difference"] == 0, recon[counter]
+    assert "reconcile cached_tokens_total" in stderr and (run_dir / "report.html").exists()
+    return rows
+
+
+def test_the_supervisor_example_on_sglang(sglang: Up, tmp_path: Path) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(yaml.safe_dump(sglang.engine_config))
+    program = (sys.executable, str(ROOT / "examples" / "supervisor.py"), "--topics", "1")
+    stderr, run_dir = profile(sglang, tmp_path, ["--engine", str(engine)], *program)
+    rows = check_measured(stderr, run_dir)
+    assert {"supervisor", "critic"} <= {r["agent_id"] for r in rows}
+    assert all(r["queue_ms"] is not None and r["prefill_ms"] is not None for r in rows)
+    assert "traces: 2 written of 2 workflows" in stderr
+
+
+def test_the_peer_example_attached_to_sglang(sglang: Up, tmp_path: Path) -> None:
+    program = (sys.executable, str(ROOT / "examples" / "peer.py"), "1", "1")
+    stderr, run_dir = profile(sglang, tmp_path, ["--attach", sglang.base], *program)
+    rows = check_measured(stderr, run_dir, kv_events=False)
+    assert [r["agent_id"] for r in rows] == ["planner", "executor", "expresser", "reviewer"] * 2
+    assert sum(r["cached_tokens"] for r in rows) > 0
