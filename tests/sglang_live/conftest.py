@@ -3,7 +3,7 @@ started with `kvscope engine up --engine sglang`, like the vLLM tier's (tests/in
 
 Its engine section is configs/kvflow-pathology-sglang.yaml's (a 3,072-token pool, LRU), so the
 pathology run reuses it; other tests pass its exact config to reuse it too. SGLang is installed
-by scripts/setup.sh (`kvscope engine install --engine sglang`). test_teardown.py stops it.
+by scripts/setup.sh (`kvscope engine install --engine sglang`). test_live_teardown.py stops it.
 """
 
 import json
@@ -11,21 +11,14 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from helpers import ROOT, Up, free_port
+from helpers import Up, free_port
+from sglang_session import shipped_engine
 
 from kvscope.engines import sglang_install
 from kvscope.engines.sglang import gpu_present
-
-PATHOLOGY = ROOT / "configs" / "kvflow-pathology-sglang.yaml"
-
-
-def shipped_engine(config: Path = PATHOLOGY) -> dict[str, Any]:
-    return dict(yaml.safe_load(config.read_text())["engine"])
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from helpers import ROOT, Up, free_port
+from sglang_session import run_own_engines
 
 pytestmark = pytest.mark.engine
 POLICIES = ["lru", "lfu", "slru", "priority"]
@@ -21,15 +22,9 @@ def test_every_policy_and_radix_off_run_live_and_are_compared(sglang: Up, tmp_pa
                        "context_length": 1024, "kv_capacity_tokens": 1024}  # fmt: skip
     base["workload"] |= {"cycles": 2}
     base["workload"]["synthetic"] |= {"fixed_tokens": 250, "output_tokens": 8}
-    base["runs_dir"] = str(tmp_path / "runs")
     spec["base"] = base
-    path = tmp_path / "policies.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    # its own state directory: the session's engine (another configuration) is not its concern
-    sweeper = Up({**sglang.env, "KVSCOPE_STATE_DIR": str(tmp_path / "state")}, {}, tmp_path)
-    result = sweeper.cli("sweep", str(path), timeout=1500)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (record_path,) = (tmp_path / "runs").rglob("sweep.json")
+    runs = run_own_engines(sglang, tmp_path, "sweep", spec)
+    (record_path,) = runs.rglob("sweep.json")
     record = json.loads(record_path.read_text())
     points = record["points"]
     assert [p["status"] for p in points] == ["ok"] * 5, points

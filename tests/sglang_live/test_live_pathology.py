@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import PATHOLOGY
 from helpers import Up
+from sglang_session import PATHOLOGY
 
 from kvscope.cli.replay import replay_document
 from kvscope.replay.sources import load_source

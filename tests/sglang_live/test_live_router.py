@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from helpers import ROOT, Up, free_port
+from sglang_session import run_own_engines
 
 from kvscope.config import RouterConfig
 from kvscope.engines import router
@@ -28,13 +29,7 @@ def test_every_call_placed_and_routing_misses_per_agent(sglang: Up, tmp_path: Pa
     cfg["engine"] |= {"port": free_port(20), "kv_events_port": free_port(20)}
     cfg["deployment"]["router"] |= {"port": free_port(), "metrics_port": free_port()}
     cfg["workload"] |= {"workflows": 2, "concurrency": 2, "max_tokens": 8}
-    cfg["runs_dir"] = str(tmp_path / "runs")
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    runner = Up({**sglang.env, "KVSCOPE_STATE_DIR": str(tmp_path / "state")}, {}, tmp_path)
-    result = runner.cli("run", str(path), timeout=1500)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (run_dir,) = (tmp_path / "runs").glob("router-sglang-*")
+    (run_dir,) = run_own_engines(sglang, tmp_path, "run", cfg).glob("router-sglang-*")
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
     assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, both replicas used
