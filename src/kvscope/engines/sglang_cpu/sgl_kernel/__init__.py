@@ -9,9 +9,12 @@ op can be imported but raises `NotImplementedError` naming itself when called, s
 needs a real native kernel fails loudly instead of computing something else.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the op needs tensor methods only: importing this package imports no torch
+    import torch
 
 __version__ = "0.0.0+kvscope-cpu-shim"
 SHIM = True  # kvscope checks this to name the package in its environment record
