@@ -1,30 +1,43 @@
-"""Reference oracle for kvscope.replay.radix: the radix cache as first written, one dict per
-node field keyed by page key (slow, plain). Tests require the flat-slot engine to give the
-same results on random traces.
+"""Reference oracle for kvscope.replay.radix: SGLang's tree written as SGLang writes it, node
+objects holding runs of page keys, split where a match ends, evicted whole (slow, plain). Tests
+require the flat-slot engine to give the same results on random traces.
 
-SGLang's radix cache: a tree of pages (page size = the trace's block size), leaves evicted.
+SGLang's radix cache: a tree of pages (page size = the trace's block size) grouped into
+SGLang's nodes (runs of pages), whole leaf nodes evicted.
 
-Contract, as replayed:
-- A node is a cached page keyed by its chained block key; its parent is the previous block of
-  the chain (the root for the first). A page whose child is cached is not evictable, nor is a
-  page locked by a running request (SGLang's lock_ref, held on the whole matched path).
+Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
+- A page is cached under its chained block key; its parent is the previous block of the chain
+  (the root for the first). Pages form nodes, as in SGLang's compressed tree: a node is a run
+  of pages, each the only child of the one before. A node begins where a request inserts pages
+  (its prompt pages missing from the tree, its output pages at its end: one node each) and
+  where a request's match ends inside a node (at the end of its pages in the tree, and at its
+  match limit): SGLang splits the node there. A split leaves the rest of the node touched (its
+  last access is now; its insertion is kept).
+- A node whose last page has a child is not evictable, nor is one locked by a running request
+  (SGLang's lock_ref, held on the whole path of its prompt pages). The pages of a node share
+  its lock, uses, priority and last access.
 - A request matches its keys in order, at most (prompt - 1) // page_size pages (the last token
   is computed); it needs ceil((prompt + output - 1) / page_size) pages in all, the matched ones
   included. Its prompt pages that are not in the tree are inserted at once, locked; prompt pages
   the tree already has past the match limit are locked, not duplicated (SGLang frees the
   duplicate KV right after prefill; here it is never taken). The rest (output, partial) is
   private to the request.
-- If free pages are short, unlocked leaves are evicted one at a time in the policy's order
-  (a parent left childless becomes a candidate), until enough or none: then the request is
-  preempted (it takes what there is).
-- When it ends, its full output pages join the tree under its last prompt page (opaque keys:
-  no lookup matches them), its partial page is freed, and its path is unlocked.
-- Orders: lru (last access: the start of the last request that matched or inserted the page),
-  fifo (insertion), lfu (requests that used the page, ties lru), priority (the highest priority
-  of a request that used it, lowest evicted first, ties lru).
+- If free pages are short, unlocked leaf nodes are evicted in the policy's order, each whole
+  (all its pages, as SGLang's evict frees a node's whole value; a parent left childless
+  becomes a candidate), until enough are free or none is evictable: then the request is
+  preempted (it takes what there is). Free pages beyond the need stay free.
+- When it ends, its full output pages join the tree as one node under its last prompt page
+  (opaque keys: no lookup matches them), its partial page is freed, and its path is touched
+  (SGLang inserts prompt + output, walking the prompt path) and unlocked.
+- Orders: lru (last access: the start or end of the last request whose prompt path holds the
+  page, or whose match split its node), fifo (insertion; a split node's parts keep it), lfu
+  (requests that used the page, ties lru), priority (the highest priority of a request that
+  used it, lowest evicted first, ties lru; when a request's output joins the tree, its prompt
+  path gets at least its priority + 1, as SGLang re-inserts the prompt so that eviction drops
+  the output first).
 
-Differences from vLLM's pool: no duplicate pages, output pages are cached, and a parent is never
-evicted before its children.
+Differences from vLLM's pool: no duplicate pages, output pages are cached, a parent is never
+evicted before its children, and eviction frees whole nodes (it may free more than it needs).
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +55,22 @@ from kvscope.replay.result import SimResult
 from kvscope.replay.trace import Trace
 
 RADIX_POLICIES = ("lru", "fifo", "lfu", "priority")
+
+
+@dataclass(eq=False)
+class Node:
+    """An SGLang tree node: a run of page keys (output pages: negative, never looked up)."""
+
+    keys: list[int]
+    parent: Node | None
+    owner: int = -1  # the request that inserted its pages
+    lock: int = 0
+    access: int = 0
+    born: int = 0
+    uses: int = 1
+    prio: float = 0.0
+    children: dict[int, Node] = field(default_factory=dict)  # first key -> child
+    alive: bool = True
 
 
 def simulate_radix(
@@ -55,25 +85,19 @@ def simulate_radix(
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
     prio_of = [0.0] * n if priorities is None else [float(p) for p in priorities]
-    parent: dict[int, int | None] = {}  # the tree: node key -> parent key (None: root)
-    nchild: dict[int, int] = {}
-    lock: dict[int, int] = {}
-    access: dict[int, int] = {}
-    born: dict[int, int] = {}
-    uses: dict[int, int] = {}
-    prio: dict[int, float] = {}
-    owner: dict[int, int] = {}
-    stamp: dict[int, int] = {}
-    score: Callable[[int], Any] = {
-        "lru": lambda k: access[k],
-        "fifo": lambda k: born[k],
-        "lfu": lambda k: (uses[k], access[k]),
-        "priority": lambda k: (prio[k], access[k]),
+    root = Node([], None)
+    where: dict[int, Node] = {}  # page key -> the node holding it
+    score: Callable[[Node], Any] = {
+        "lru": lambda x: x.access,
+        "fifo": lambda x: x.born,
+        "lfu": lambda x: (x.uses, x.access),
+        "priority": lambda x: (x.prio, x.access),
     }[policy]
-    heap: list[tuple[Any, int, int]] = []
+    stamp: dict[int, int] = {}  # id(node) -> its live heap entry
+    heap: list[tuple[Any, int, Node]] = []
     seq = 0
-    locked = private = 0
-    held: dict[int, tuple[list[int], int, int]] = {}  # request -> (locked path, private, out)
+    pages = locked = private = 0
+    held: dict[int, tuple[Node, int, int]] = {}  # request -> (last prompt node, private, out)
     evicted_by: dict[int, int] = {}
     cached = np.zeros(n, dtype=np.int64)
     preempted = np.zeros(n, dtype=bool)
@@ -82,105 +106,138 @@ def simulate_radix(
     prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
     offsets = trace.offsets.tolist()
 
-    def candidate(k: int) -> None:
+    def candidate(x: Node) -> None:
         nonlocal seq
         seq += 1
-        stamp[k] = seq
-        heapq.heappush(heap, (score(k), seq, k))
+        stamp[id(x)] = seq
+        heapq.heappush(heap, (score(x), seq, x))
 
-    def evict_one(i: int) -> bool:
+    def path_to(x: Node) -> list[Node]:
+        out = []
+        while x is not root:
+            out.append(x)
+            x = x.parent  # type: ignore[assignment]
+        return out[::-1]
+
+    def split(x: Node, j: int, tick: int) -> Node:
+        """SGLang's _split_node: a new node takes x's first j pages; x keeps the rest, touched."""
+        front = Node(x.keys[:j], x.parent, x.owner, x.lock, tick, x.born, x.uses, x.prio)
+        assert x.parent is not None
+        x.parent.children[x.keys[0]] = front
+        x.keys, x.parent, x.access = x.keys[j:], front, tick
+        front.children[x.keys[0]] = x
+        for k in front.keys:
+            where[k] = front
+        if policy != "fifo" and not x.lock and not x.children:  # its score changed
+            candidate(x)
+        return front
+
+    def match(keys: list[int], m: int, tick: int) -> Node:
+        """Walk m pages of `keys` down the tree, splitting the node they end in; the last node."""
+        x, pos = root, 0
+        while pos < m:
+            child = x.children[keys[pos]]
+            if pos + len(child.keys) > m:
+                child = split(child, m - pos, tick)
+            pos += len(child.keys)
+            x = child
+        return x
+
+    def add(keys: list[int], under: Node, i: int, tick: int, locks: int) -> Node:
+        x = Node(keys, under, i, locks, tick, tick, 1, prio_of[i])
+        under.children[keys[0]] = x
+        for k in keys:
+            where[k] = x
+            evicted_by.pop(k, None)
+        return x
+
+    def evict_one(i: int) -> int:
+        """Evict the first live candidate, whole; its pages (0: none is left)."""
         nonlocal evictions
         while heap:
-            _, s, k = heapq.heappop(heap)
-            if stamp.get(k) != s or lock[k] or nchild[k]:
+            _, s, x = heapq.heappop(heap)
+            if stamp.get(id(x)) != s or not x.alive or x.lock or x.children:
                 continue
-            p = parent.pop(k)
-            for d in (nchild, lock, access, born, uses, prio, stamp):
-                del d[k]
-            o = owner.pop(k)
-            if k >= 0:
-                evicted_by[k] = (i << 32) | (o + 1)
-            evictions += 1
-            if p is not None:
-                nchild[p] -= 1
-                if not nchild[p] and not lock[p]:
-                    candidate(p)
-            return True
-        return False
-
-    def add(k: int, p: int | None, i: int, tick: int, locks: int) -> None:
-        parent[k], nchild[k], lock[k] = p, 0, locks
-        access[k] = born[k] = tick
-        uses[k], prio[k], owner[k] = 1, prio_of[i], i
-        if p is not None:
-            nchild[p] += 1
-        evicted_by.pop(k, None)
+            x.alive = False
+            del stamp[id(x)]
+            parent = x.parent
+            assert parent is not None
+            del parent.children[x.keys[0]]
+            for k in x.keys:
+                del where[k]
+                if k >= 0:
+                    evicted_by[k] = (i << 32) | (x.owner + 1)
+            evictions += len(x.keys)
+            if parent is not root and not parent.children and not parent.lock:
+                candidate(parent)
+            return len(x.keys)
+        return 0
 
     reqs, kinds = event_order(trace)
     tick = 0
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
         if kind == 0:  # end: output pages join the tree, the path is unlocked
-            path, priv, out = held.pop(i)
+            last, priv, out = held.pop(i)
             tick += 1
-            last = path[-1] if path else None
-            for j in range(out):
-                k = -((i << 24) + j + 1)
-                add(k, last, i, tick, 0)
-                last = k
+            path = path_to(last)
+            if out:
+                keys = [-((i << 24) + j + 1) for j in range(out)]
+                candidate(add(keys, last, i, tick, 0))
+                pages += out
             private -= priv
-            if out and last is not None:
-                candidate(last)
-            for k in path:
-                lock[k] -= 1
-                if not lock[k]:
-                    locked -= 1
-                    if not nchild[k]:
-                        candidate(k)
+            for x in path:
+                x.access = tick  # SGLang's insert at the end touches the whole prompt path
+                if out:  # and, inserting past the prompt, raises it to priority + 1
+                    x.prio = max(x.prio, prio_of[i] + 1)
+                x.lock -= 1
+                if not x.lock:
+                    locked -= len(x.keys)
+                    if not x.children:
+                        candidate(x)
             continue
 
         tick += 1
         keys = trace.keys[offsets[i] : offsets[i + 1]].tolist()
         limit = max(prompt[i] - 1, 0) // bs
-        h = 0
-        while h < len(keys) and keys[h] in parent:
-            h += 1
-        in_tree = h
-        h = min(h, limit)
+        in_tree = 0
+        while in_tree < len(keys) and keys[in_tree] in where:
+            in_tree += 1
+        h = min(in_tree, limit)
         cached[i] = h
         if evicted_by:
             for k in keys[h:]:
                 e = evicted_by.get(k)
-                if e is not None and k not in parent:
+                if e is not None and k not in where:
                     row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
                     harm[row] = harm.get(row, 0) + 1
-        path = keys[:in_tree]
+        last = match(keys, in_tree, tick)  # the match ends here: SGLang splits the node
         p_i = prio_of[i]
-        for k in path:
-            if not lock[k]:
-                locked += 1
-            lock[k] += 1
-            access[k] = tick
-            uses[k] += 1
-            if prio[k] < p_i:
-                prio[k] = p_i
+        for x in path_to(last):
+            if not x.lock:
+                locked += len(x.keys)
+            x.lock += 1
+            x.access = tick
+            x.uses += 1
+            x.prio = max(x.prio, p_i)
+        if h < in_tree:
+            match(keys, h, tick)  # SGLang's match stops at the limit: splits there too
         computed = prompt[i] + output[i] - 1
         total, full = -(-computed // bs), computed // bs
         need = total - in_tree
-        free = capacity_blocks - len(parent) - private
-        while free < need and len(parent) > locked and evict_one(i):
-            free += 1
+        free = capacity_blocks - pages - private
+        while free < need and pages > locked and (freed := evict_one(i)):
+            pages -= freed
+            free += freed
         got = min(need, free)
         if got < need:
             preempted[i] = True
         new = min(got, len(keys) - in_tree)
-        last = keys[in_tree - 1] if in_tree else None
-        for k in keys[in_tree : in_tree + new]:
-            add(k, last, i, tick, 1)
-            locked += 1
-            last = k
-        path = path + keys[in_tree : in_tree + new]
+        if new:
+            last = add(keys[in_tree : in_tree + new], last, i, tick, 1)
+            pages += new
+            locked += new
         out = max(0, min(full, in_tree + got) - len(keys)) if in_tree + new == len(keys) else 0
-        held[i] = (path, got - new, out)
+        held[i] = (last, got - new, out)
         private += got - new
 
     return SimResult(

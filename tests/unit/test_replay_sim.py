@@ -94,10 +94,12 @@ def test_known_answers_on_the_radix_cache(policy: str, hits: int) -> None:
 
 
 def test_radix_evicts_leaves_only_where_the_pool_evicts_a_parent() -> None:
-    tr = make_trace([[1, 2], [3], [1]])  # 3 blocks: the second request evicts one
-    assert list(simulate(tr, "fifo", 3).cached_blocks) == [0, 0, 0]  # parent 1 went first
-    assert list(simulate(tr, "fifo", 3, engine="sglang").cached_blocks) == [0, 0, 1]
-    assert list(simulate(tr, "lru", 3).cached_blocks) == [0, 0, 1]  # tail released first
+    # 3 blocks; 1 and 2 are inserted by different requests (two radix nodes): the third
+    # request evicts one block
+    tr = make_trace([[1], [1, 2], [3], [1]])
+    assert list(simulate(tr, "fifo", 3).cached_blocks) == [0, 1, 0, 0]  # parent 1 went first
+    assert list(simulate(tr, "fifo", 3, engine="sglang").cached_blocks) == [0, 1, 0, 1]
+    assert list(simulate(tr, "lru", 3).cached_blocks) == [0, 1, 0, 1]  # tail released first
 
 
 def test_radix_lru_and_fifo_differ_on_a_re_used_leaf() -> None:

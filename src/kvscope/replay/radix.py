@@ -1,35 +1,52 @@
-"""SGLang's radix cache: a tree of pages (page size = the trace's block size), leaves evicted.
+"""SGLang's radix cache: a tree of pages (page size = the trace's block size) grouped into
+SGLang's nodes (runs of pages), whole leaf nodes evicted.
 
-Contract, as replayed:
-- A node is a cached page keyed by its chained block key; its parent is the previous block of
-  the chain (the root for the first). A page whose child is cached is not evictable, nor is a
-  page locked by a running request (SGLang's lock_ref, held on the whole matched path).
+Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
+- A page is cached under its chained block key; its parent is the previous block of the chain
+  (the root for the first). Pages form nodes, as in SGLang's compressed tree: a node is a run
+  of pages, each the only child of the one before. A node begins where a request inserts pages
+  (its prompt pages missing from the tree, its output pages at its end: one node each) and
+  where a request's match ends inside a node (at the end of its pages in the tree, and at its
+  match limit): SGLang splits the node there. A split leaves the rest of the node touched (its
+  last access is now; its insertion is kept).
+- A node whose last page has a child is not evictable, nor is one locked by a running request
+  (SGLang's lock_ref, held on the whole path of its prompt pages). The pages of a node share
+  its lock, uses, priority and last access.
 - A request matches its keys in order, at most (prompt - 1) // page_size pages (the last token
   is computed); it needs ceil((prompt + output - 1) / page_size) pages in all, the matched ones
   included. Its prompt pages that are not in the tree are inserted at once, locked; prompt pages
   the tree already has past the match limit are locked, not duplicated (SGLang frees the
   duplicate KV right after prefill; here it is never taken). The rest (output, partial) is
   private to the request.
-- If free pages are short, unlocked leaves are evicted one at a time in the policy's order
-  (a parent left childless becomes a candidate), until enough or none: then the request is
-  preempted (it takes what there is).
-- When it ends, its full output pages join the tree under its last prompt page (opaque keys:
-  no lookup matches them), its partial page is freed, and its path is unlocked.
-- Orders: lru (last access: the start of the last request that matched or inserted the page),
-  fifo (insertion), lfu (requests that used the page, ties lru), priority (the highest priority
-  of a request that used it, lowest evicted first, ties lru).
+- If free pages are short, unlocked leaf nodes are evicted in the policy's order, each whole
+  (all its pages, as SGLang's evict frees a node's whole value; a parent left childless
+  becomes a candidate), until enough are free or none is evictable: then the request is
+  preempted (it takes what there is). Free pages beyond the need stay free.
+- When it ends, its full output pages join the tree as one node under its last prompt page
+  (opaque keys: no lookup matches them), its partial page is freed, and its path is touched
+  (SGLang inserts prompt + output, walking the prompt path) and unlocked.
+- Orders: lru (last access: the start or end of the last request whose prompt path holds the
+  page, or whose match split its node), fifo (insertion; a split node's parts keep it), lfu
+  (requests that used the page, ties lru), priority (the highest priority of a request that
+  used it, lowest evicted first, ties lru; when a request's output joins the tree, its prompt
+  path gets at least its priority + 1, as SGLang re-inserts the prompt so that eviction drops
+  the output first).
 
-Differences from vLLM's pool: no duplicate pages, output pages are cached, and a parent is never
-evicted before its children.
+Differences from vLLM's pool: no duplicate pages, output pages are cached, a parent is never
+evicted before its children, and eviction frees whole nodes (it may free more than it needs).
 
 Layout: the tree lives in flat slots [0, capacity), one per cached page, each field a parallel
 Python list indexed by slot (parent slot, children count, lock count, last access, ...), and a
-dict from prompt key to slot; a freed slot goes back on a free list. Candidates for eviction are
-one heap of packed ints (score, push sequence, slot): a slot's entry is live while `stamp[slot]`
-equals it and the slot is an unlocked leaf. Per request, the matched path is locked, touched and
-unlocked with C-level map calls and comprehensions; a Python statement runs per evicted page
+dict from prompt key to slot; a freed slot goes back on a free list. Node boundaries are two
+more fields: `head[slot]` (the page begins its node) and `nxt[slot]` (the next page of its node,
+-1 at the node's last page). A node's policy state is read at its last page; a split touches
+the rest's last page. Candidates for eviction are one heap of packed ints (score, push
+sequence, slot) over nodes' last pages: an entry is live while `stamp[slot]` equals it and the
+slot is an unlocked leaf; evicting it frees pages up the parent chain to the node's head. Per
+request, the matched path is locked, touched and unlocked with C-level map calls and
+comprehensions; a Python statement runs per evicted page and per page of a split node's rest
 only. Keys are assumed distinct within a request's chain (chained hashes). Results equal the
-node-dict implementation kept as tests/unit/replay_radix_reference.py.
+node-tree implementation kept as tests/unit/replay_radix_reference.py.
 """
 
 from __future__ import annotations
@@ -61,12 +78,13 @@ def simulate_radix(
         raise ValueError(f"policy {policy!r} has no radix-cache form; known: {RADIX_POLICIES}")
     started = time.perf_counter()
     n, bs, cap = len(trace), trace.block_size, max(capacity_blocks, 0)
-    if priorities is None:
-        prio_of = [0] * n
-    else:  # by rank among the distinct values: same order, packable ints
-        if len(priorities) != n:
-            raise ValueError(f"{len(priorities)} priorities for {n} requests")
-        prio_of = np.unique(np.asarray(priorities, float), return_inverse=True)[1].tolist()
+    if priorities is not None and len(priorities) != n:
+        raise ValueError(f"{len(priorities)} priorities for {n} requests")
+    # by rank among the distinct values of p and p + 1 (what a prompt path gets at the end):
+    # same order, packable ints
+    p_val = np.zeros(n) if priorities is None else np.asarray(priorities, float)
+    ranks = np.unique(np.concatenate([p_val, p_val + 1]), return_inverse=True)[1].tolist()
+    prio_of, prio_end = ranks[:n], ranks[n:]
     prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
     offsets = trace.offsets.tolist()
     # packed heap entries: (score, seq, slot); score = (major, tick) with major the uses (lfu),
@@ -74,7 +92,7 @@ def simulate_radix(
     # insertion (fifo). Widths are bounds, not guesses: Python ints never overflow anyway.
     pages = -(-(trace.prompt_tokens + trace.output_tokens - 1) // bs)
     b_slot = max(cap - 1, 1).bit_length()
-    b_seq = (2 * int(pages.sum()) + 2 * n + 2).bit_length()
+    b_seq = (2 * int(pages.sum()) + 3 * n + 2).bit_length()  # pushes: ends, splits, evictions
     b_tick = (2 * n + 2).bit_length()
     sh_seq, sh_score = b_slot, b_slot + b_seq
     mask = (1 << b_slot) - 1
@@ -89,6 +107,8 @@ def simulate_radix(
     owner = [0] * cap
     keyof = [-1] * cap  # the page's prompt key; -1: an output page (opaque)
     stamp = [-1] * cap  # the slot's live heap entry; -1: none
+    head = [False] * cap  # the page begins its SGLang node
+    nxt = [-1] * cap  # the next page of its node; -1: the node's last page
     free_slots = list(range(cap - 1, -1, -1))
     index: dict[int, int] = {}  # prompt key -> slot
     index_get = index.get
@@ -127,6 +147,9 @@ def simulate_radix(
         deque(map(parent.__setitem__, ins, [last, *ins[:-1]]), maxlen=0)
         deque(map(nchild.__setitem__, ins, repeat(1, m - 1)), maxlen=0)
         nchild[ins[-1]] = 0
+        deque(map(nxt.__setitem__, ins, [*ins[1:], -1]), maxlen=0)
+        deque(map(head.__setitem__, ins, repeat(False, m)), maxlen=0)
+        head[ins[0]] = True
         deque(map(lock.__setitem__, ins, repeat(locks, m)), maxlen=0)
         deque(map(owner.__setitem__, ins, repeat(i, m)), maxlen=0)
         for field in tick_fields:
@@ -135,6 +158,22 @@ def simulate_radix(
             deque(map(uses.__setitem__, ins, repeat(1, m)), maxlen=0)
         elif not lru and not fifo:
             deque(map(prio.__setitem__, ins, repeat(prio_of[i], m)), maxlen=0)
+
+    def split(p: int, tick: int) -> None:
+        """End p's node at p, as SGLang splits a node where a match ends; the rest is touched."""
+        c = nxt[p]
+        if c < 0:
+            return
+        nxt[p] = -1
+        head[c] = True
+        if fifo:  # the rest keeps its insertion; the front part inherits it too
+            return
+        t = c
+        while nxt[t] >= 0:
+            t = nxt[t]
+        access[t] = tick
+        if not lock[t] and not nchild[t]:
+            push(heap, entry(t))
 
     reqs, kinds = event_order(trace)
     tick = 0
@@ -153,6 +192,11 @@ def simulate_radix(
                 push(heap, entry(last))
             private -= priv
             if path:
+                if not fifo:  # SGLang's insert at the end touches the whole prompt path
+                    deque(map(access.__setitem__, path, repeat(tick)), maxlen=0)
+                if out and not lru and not fifo and not lfu:  # and, past it, to priority + 1
+                    p_e = prio_end[i]
+                    deque(map(prio.__setitem__, path, [max(prio[s], p_e) for s in path]), 0)
                 lk = list(map(_SUB1, map(lock.__getitem__, path)))
                 deque(map(lock.__setitem__, path, lk), maxlen=0)
                 if 0 in lk:  # unlocked now: the leaves among them are candidates, in path order
@@ -186,11 +230,14 @@ def simulate_radix(
             elif not lru and not fifo:
                 p_i = prio_of[i]
                 deque(map(prio.__setitem__, path, [max(prio[s], p_i) for s in path]), 0)
+            split(path[-1], tick)  # the match ends here: a node boundary
+            if h < in_tree and h:
+                split(path[h - 1], tick)  # SGLang's match stops at the limit: another one
         computed = prompt[i] + output[i] - 1
         total, full = -(-computed // bs), computed // bs
         need = total - in_tree
         free = cap - nodes - private
-        while free < need and nodes > locked:  # evict unlocked leaves, one at a time
+        while free < need and nodes > locked:  # evict unlocked leaf nodes, each whole
             while heap:
                 e = pop(heap)
                 s = e & mask
@@ -198,16 +245,20 @@ def simulate_radix(
                     break
             else:
                 break
-            stamp[s] = -1
-            k = keyof[s]
-            if k >= 0:
-                del index[k]
-                evicted_by[k] = (i << 32) | (owner[s] + 1)
-            free_slots.append(s)
-            nodes -= 1
-            evictions += 1
-            free += 1
-            p = parent[s]
+            while True:  # the node's pages, from its last up to its head
+                stamp[s] = -1
+                k = keyof[s]
+                if k >= 0:
+                    del index[k]
+                    evicted_by[k] = (i << 32) | (owner[s] + 1)
+                free_slots.append(s)
+                nodes -= 1
+                evictions += 1
+                free += 1
+                p = parent[s]
+                if head[s]:
+                    break
+                s = p
             if p >= 0:
                 nchild[p] -= 1
                 if not nchild[p] and not lock[p]:
