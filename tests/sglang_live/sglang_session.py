@@ -16,7 +16,7 @@ def shipped_engine(config: Path = PATHOLOGY) -> dict[str, Any]:
 def run_own_engines(sglang: Up, tmp: Path, command: str, config: dict[str, Any]) -> Path:
     """`kvscope COMMAND` on `config` (its runs under tmp/runs), with engines of its own: its own
     state directory, so the session's SGLang (another configuration) is not its concern."""
-    config["runs_dir"] = str(tmp / "runs")
+    (config["base"] if command == "sweep" else config)["runs_dir"] = str(tmp / "runs")
     path = tmp / f"{command}.yaml"
     path.write_text(yaml.safe_dump(config))
     runner = Up({**sglang.env, "KVSCOPE_STATE_DIR": str(tmp / "state")}, {}, tmp)

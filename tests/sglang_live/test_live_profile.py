@@ -61,9 +61,25 @@ def test_the_supervisor_example_on_sglang(sglang: Up, tmp_path: Path) -> None:
     assert "traces: 2 written of 2 workflows" in stderr
 
 
-def test_the_peer_example_attached_to_sglang(sglang: Up, tmp_path: Path) -> None:
-    program = (sys.executable, str(ROOT / "examples" / "peer.py"), "1", "1")
-    stderr, run_dir = profile(sglang, tmp_path, ["--attach", sglang.base], *program)
+APP = """
+import os, openai
+client = openai.OpenAI()
+system = "You are a careful analyst of quarterly reports. " * 30
+for question in ("Revenue?", "Margin?", "Outlook?"):
+    client.chat.completions.create(
+        model=os.environ["KVSCOPE_MODEL"], max_tokens=4, temperature=0,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+    )
+"""
+
+
+def test_an_app_attached_to_sglang_reconciles_from_a_baseline_before_its_first_call(
+    sglang: Up, tmp_path: Path
+) -> None:
+    """Attached by URL: SGLang lists its cached-token counter only from the first hit, which
+    must still count (the reconciliation's baseline is the scrape before the first call)."""
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    stderr, run_dir = profile(sglang, tmp_path, ["--attach", sglang.base], sys.executable, str(app))
     rows = check_measured(stderr, run_dir, kv_events=False)
-    assert [r["agent_id"] for r in rows] == ["planner", "executor", "expresser", "reviewer"] * 2
-    assert sum(r["cached_tokens"] for r in rows) > 0
+    assert len(rows) == 3 and rows[0]["cached_tokens"] < rows[1]["cached_tokens"]

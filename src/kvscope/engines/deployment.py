@@ -125,15 +125,18 @@ def _collect(stop: Callable[[], None], errors: list[BaseException]) -> None:
 
 
 def start(deployment: DeploymentConfig, engine: EngineConfig, run_dir: Path) -> RunningDeployment:
-    """Every replica healthy, then the router healthy; on failure all of it stopped. Logs go to
-    the run directory: replicas/<name>/engine.log and router.log."""
+    """Every replica healthy (started side by side), then the router healthy; on failure all of
+    it stopped. Logs go to the run directory: replicas/<name>/engine.log and router.log."""
     engines = replica_engines(deployment, engine, run_dir)
     running = RunningDeployment(deployment)
     try:
-        for name, e in zip(deployment.replica_names(), engines, strict=True):
+        logs = []
+        for name in deployment.replica_names():
             folder = files.replica_dir(run_dir, name)
             folder.mkdir(parents=True, exist_ok=True)
-            running.replicas[name] = runtime.start(e, folder / files.ENGINE_LOG)
+            logs.append(folder / files.ENGINE_LOG)
+        handles = runtime.start_many(list(zip(engines, logs, strict=True)))
+        running.replicas = dict(zip(deployment.replica_names(), handles, strict=True))
         r = deployment.router
         command = None
         replicas = router_replicas(deployment, engines)

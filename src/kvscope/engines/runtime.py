@@ -1,7 +1,7 @@
 """Start an engine, wait until it is healthy, and always stop it: also on Ctrl-C and errors."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,25 +31,49 @@ class RunningEngine:
 
 
 def start(engine: Engine, log_path: Path, *, detached: bool = False) -> RunningEngine:
-    engine.preflight()
-    endpoints = engine.endpoints()
-    launch = engine.launch()
-    health = f"{endpoints.base_url}{engine.health_path}"
-    if launch is None:
-        try:
-            keyed = auth.headers(engine.config.api_key_env)
-            httpx.get(health, timeout=10, headers=keyed).raise_for_status()
-        except httpx.HTTPError as err:
-            raise EngineError(f"cannot reach the engine at {health}: {err}") from None
-        return RunningEngine(engine, endpoints, None, None, None)
-    proc = ServerProcess(launch.argv, dict(launch.env), log_path, detached=detached)
-    proc.start()
+    return start_many([(engine, log_path)], detached=detached)[0]
+
+
+def start_many(
+    engines: Sequence[tuple[Engine, Path]], *, detached: bool = False
+) -> list[RunningEngine]:
+    """Each engine healthy (or, given `url:`, reached), in order. The processes are all spawned
+    before the first is waited for, so that replicas load side by side (on 2 cores two engines
+    were healthy in about the time of one); on any failure, or Ctrl-C, every one is stopped."""
+    spawned: list[tuple[Engine, Endpoints, Launch | None, ServerProcess | None]] = []
     try:
-        waited = proc.wait_healthy(health, engine.config.startup_timeout_s, engine.name)
+        for engine, log_path in engines:
+            engine.preflight()
+            endpoints, launch = engine.endpoints(), engine.launch()
+            if launch is None:
+                _reach(engine, endpoints)
+                spawned.append((engine, endpoints, None, None))
+                continue
+            proc = ServerProcess(launch.argv, dict(launch.env), log_path, detached=detached)
+            spawned.append((engine, endpoints, launch, proc))
+            proc.start()
+        out = []
+        for engine, endpoints, launch, proc in spawned:
+            waited = None
+            if proc is not None:
+                health = f"{endpoints.base_url}{engine.health_path}"
+                waited = proc.wait_healthy(health, engine.config.startup_timeout_s, engine.name)
+            out.append(RunningEngine(engine, endpoints, launch, proc, waited))
+        return out
     except BaseException:
-        proc.stop()  # Ctrl-C during start-up too
+        for *_, proc in spawned:
+            if proc is not None:
+                proc.stop()
         raise
-    return RunningEngine(engine, endpoints, launch, proc, waited)
+
+
+def _reach(engine: Engine, endpoints: Endpoints) -> None:
+    health = f"{endpoints.base_url}{engine.health_path}"
+    try:
+        keyed = auth.headers(engine.config.api_key_env)
+        httpx.get(health, timeout=10, headers=keyed).raise_for_status()
+    except httpx.HTTPError as err:
+        raise EngineError(f"cannot reach the engine at {health}: {err}") from None
 
 
 def state_of(
