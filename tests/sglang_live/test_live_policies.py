@@ -1,6 +1,6 @@
 """SGLang's radix-tree eviction policies live, in one sweep (configs/policies-sglang.yaml's
 points: lru, lfu, slru, priority, and the radix cache off) on a smaller pathology: four agents'
-~145-token prompts in a 512-token pool, two PEER cycles. Each point is its own engine."""
+~220-token prompts in a 768-token pool, two PEER cycles. Each point is its own engine."""
 
 import json
 from pathlib import Path
@@ -19,9 +19,9 @@ def test_every_policy_and_radix_off_run_live_and_are_compared(sglang: Up, tmp_pa
     spec = yaml.safe_load((ROOT / "configs" / "policies-sglang.yaml").read_text())
     base = yaml.safe_load((ROOT / "configs" / spec["base"]).read_text())
     base["engine"] |= {"port": free_port(), "kv_events_port": free_port(2),
-                       "context_length": 512, "kv_capacity_tokens": 512}  # fmt: skip
-    base["workload"] |= {"cycles": 2}
-    base["workload"]["synthetic"] |= {"fixed_tokens": 120, "dynamic_tokens": 16,
+                       "context_length": 1024, "kv_capacity_tokens": 768}  # fmt: skip
+    base["workload"] |= {"cycles": 2}  # (the capability probe's ~700-token call must fit too)
+    base["workload"]["synthetic"] |= {"fixed_tokens": 200, "dynamic_tokens": 16,
                                       "output_tokens": 4}  # fmt: skip
     spec["base"] = base
     runs = run_own_engines(sglang, tmp_path, "sweep", spec)
