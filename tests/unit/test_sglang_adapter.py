@@ -325,6 +325,7 @@ def test_without_a_gpu_sglang_launches_its_cpu_engine(
                         ("--max-total-tokens", str(CPU_DEFAULT_CAPACITY))]:  # fmt: skip
         assert argv[argv.index(flag) + 1] == value
     assert "--sleep-on-idle" in argv and env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == env["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"
     assert env.get("OMP_NUM_THREADS") == threads
     sized = SglangEngine(EngineConfig(kind="sglang", model="/m", kv_capacity_tokens=4096))
     sized_argv = list(sized.launch().argv)  # type: ignore[union-attr]
