@@ -25,7 +25,7 @@ from kvscope.engines.detect import parse_metrics, reports_cached_tokens
 from kvscope.engines.kv_events import decode, signed64
 from kvscope.engines.sglang import CPU_DEFAULT_CAPACITY, SglangEngine
 from kvscope.engines.vllm import VllmEngine
-from kvscope.errors import EngineNotInstalled
+from kvscope.errors import ConfigError, EngineNotInstalled
 
 METRICS_FILES = [
     "metrics_tokenizer_and_scheduler.prom",
@@ -339,3 +339,12 @@ def test_with_a_gpu_sglang_launches_the_ordinary_build(monkeypatch: pytest.Monke
     assert "--device" not in launch.argv and "--max-total-tokens" not in launch.argv
     assert "SGLANG_USE_CPU_ENGINE" not in dict(launch.env)
     assert "sglang-0.5.23-cuda" in launch.argv[0]
+
+
+def test_hicache_is_refused_on_the_cpu_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("kvscope.engines.sglang.gpu_present", lambda: False)
+    cfg = EngineConfig(kind="sglang", model="/models/x", hierarchical_cache=True)
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        SglangEngine(cfg).preflight()

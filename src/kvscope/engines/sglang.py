@@ -258,6 +258,11 @@ class SglangEngine(Engine):
         c = self.config
         if c.url:
             return
+        if c.hierarchical_cache and self.on_cpu:  # pool_host calls torch.cuda.cudart()
+            raise ConfigError(
+                "hierarchical_cache (SGLang's HiCache) needs a CUDA GPU: SGLang 0.5.23 fails to "
+                "start it on the CPU; set hierarchical_cache: false here"
+            )
         if c.python is None and not sglang_install.complete(cpu=self.on_cpu):
             raise EngineNotInstalled(
                 f"SGLang ({self.describe_flavour()}) is not installed in "
