@@ -2,42 +2,7 @@
 objects holding runs of page keys, split where a match ends, evicted whole (slow, plain). Tests
 require the flat-slot engine to give the same results on random traces.
 
-SGLang's radix cache: a tree of pages (page size = the trace's block size) grouped into
-SGLang's nodes (runs of pages), whole leaf nodes evicted.
-
-Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
-- A page is cached under its chained block key; its parent is the previous block of the chain
-  (the root for the first). Pages form nodes, as in SGLang's compressed tree: a node is a run
-  of pages, each the only child of the one before. A node begins where a request inserts pages
-  (its prompt pages missing from the tree, its output pages at its end: one node each) and
-  where a request's match ends inside a node (at the end of its pages in the tree, and at its
-  match limit): SGLang splits the node there. A split leaves the rest of the node touched (its
-  last access is now; its insertion is kept).
-- A node whose last page has a child is not evictable, nor is one locked by a running request
-  (SGLang's lock_ref, held on the whole path of its prompt pages). The pages of a node share
-  its lock, uses, priority and last access.
-- A request matches its keys in order, at most (prompt - 1) // page_size pages (the last token
-  is computed); it needs ceil((prompt + output - 1) / page_size) pages in all, the matched ones
-  included. Its prompt pages that are not in the tree are inserted at once, locked; prompt pages
-  the tree already has past the match limit are locked, not duplicated (SGLang frees the
-  duplicate KV right after prefill; here it is never taken). The rest (output, partial) is
-  private to the request.
-- If free pages are short, unlocked leaf nodes are evicted in the policy's order, each whole
-  (all its pages, as SGLang's evict frees a node's whole value; a parent left childless
-  becomes a candidate), until enough are free or none is evictable: then the request is
-  preempted (it takes what there is). Free pages beyond the need stay free.
-- When it ends, its full output pages join the tree as one node under its last prompt page
-  (opaque keys: no lookup matches them), its partial page is freed, and its path is touched
-  (SGLang inserts prompt + output, walking the prompt path) and unlocked.
-- Orders: lru (last access: the start or end of the last request whose prompt path holds the
-  page, or whose match split its node), fifo (insertion; a split node's parts keep it), lfu
-  (requests that used the page, ties lru), priority (the highest priority of a request that
-  used it, lowest evicted first, ties lru; when a request's output joins the tree, its prompt
-  path gets at least its priority + 1, as SGLang re-inserts the prompt so that eviction drops
-  the output first).
-
-Differences from vLLM's pool: no duplicate pages, output pages are cached, a parent is never
-evicted before its children, and eviction frees whole nodes (it may free more than it needs).
+The contract it implements is kvscope.replay.radix's module docstring (written once, there).
 """
 
 from __future__ import annotations
