@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.replay.trace import Trace, chain_keys
+from kvscope.sim.trace import Trace, chain_keys
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")
 SHARED, FIXED, CONTEXT_STEP, SUFFIX, OUTPUT = 16, 48, 5, 4, 128  # blocks; output in tokens
@@ -133,7 +133,7 @@ def _peak_mb() -> float:
 
 def worker(path: str, policy: str, capacity: int, engine: str) -> None:
     """Child: load the trace, run one policy, print one JSON line."""
-    from kvscope.replay.simulate import simulate
+    from kvscope.sim.simulate import simulate
 
     z = np.load(path, allow_pickle=True)
     meta = z["meta"].item()
@@ -164,7 +164,7 @@ def run(
 ) -> dict[tuple[str, str], float]:
     """Build the trace, run each (engine, policy) in a child, print a line each; wall seconds by
     (engine, policy). On "sglang" only the radix cache's policies run."""
-    from kvscope.replay.radix import RADIX_POLICIES
+    from kvscope.sim.caches.radix import RADIX_POLICIES
 
     t = time.perf_counter()
     tr = peer_trace(n, block_size)

@@ -27,7 +27,7 @@ from kvscope.engines.process import port_free
 from kvscope.engines.vllm import VllmEngine
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
-from kvscope.finalize.routing import routing_columns
+from kvscope.finalize.routing_misses import routing_columns
 from kvscope.records.run_dir import ENGINE_LOG, replica_dir
 
 

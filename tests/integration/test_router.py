@@ -29,7 +29,7 @@ from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
-from kvscope.finalize.routing import routing_columns
+from kvscope.finalize.routing_misses import routing_columns
 from kvscope.records.run_dir import ENGINE_LOG, replica_dir, replica_dirs
 
 pytestmark = pytest.mark.engine

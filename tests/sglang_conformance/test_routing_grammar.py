@@ -1,6 +1,6 @@
 """SGLang 0.5.23's own request model and xgrammar backend on kvscope's routing decisions.
 
-The dynamic workloads route by structured output (kvscope.workload.routing): the request body
+The dynamic workloads route by structured output (kvscope.workload.decisions): the request body
 kvscope sends must reach SGLang's grammar as the string enum, and that grammar must let the
 model write exactly one choice, nothing else. Opt-in (`-m sglang`); runs SGLang in
 routing_grammar_probe.py with its own interpreter; skipped without the SmolLM2 tokenizer.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.engines.model import model_dir
-from kvscope.workload import routing
+from kvscope.workload import decisions
 
 pytestmark = pytest.mark.sglang
 
@@ -28,10 +28,10 @@ def test_sglang_constrains_a_route_to_exactly_one_choice(sglang_interpreter: Pat
     body = {
         "model": "smollm2",
         "messages": [{"role": "user", "content": "Decide the next step."}],
-        "max_tokens": routing.ROUTE_MAX_TOKENS,
+        "max_tokens": decisions.ROUTE_MAX_TOKENS,
         "temperature": 0,
         "stream": True,
-        "response_format": routing.choice_format(CHOICES),
+        "response_format": decisions.choice_format(CHOICES),
     }
     wrong = ['"plan"', "planner", '"planner" ', '"writer"', '{"next": "end"}', '"end""end"']
     job = {
@@ -52,7 +52,7 @@ def test_sglang_constrains_a_route_to_exactly_one_choice(sglang_interpreter: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert json.loads(got["json_schema"]) == {"type": "string", "enum": CHOICES}
-    assert got["max_new_tokens"] == routing.ROUTE_MAX_TOKENS
+    assert got["max_new_tokens"] == decisions.ROUTE_MAX_TOKENS
     for choice in CHOICES:
         assert got["replies"][json.dumps(choice)] == {"accepted": True, "ends": True}, choice
     for reply in wrong:

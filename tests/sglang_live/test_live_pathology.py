@@ -15,7 +15,7 @@ from helpers import Up
 from sglang_session import PATHOLOGY
 
 from kvscope.cli.replay import replay_document
-from kvscope.replay.sources import load_source
+from kvscope.sim.inputs.sources import load_source
 
 pytestmark = pytest.mark.engine
 

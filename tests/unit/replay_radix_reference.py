@@ -1,8 +1,8 @@
-"""Reference oracle for kvscope.replay.radix: SGLang's tree written as SGLang writes it, node
+"""Reference oracle for kvscope.sim.caches.radix: SGLang's tree written as SGLang writes it, node
 objects holding runs of page keys, split where a match ends, evicted whole (slow, plain). Tests
 require the flat-slot engine to give the same results on random traces.
 
-The contract it implements is kvscope.replay.radix's module docstring (written once, there).
+The contract it implements is kvscope.sim.caches.radix's module docstring (written once, there).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.replay.pool import event_order, harm_arrays
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.pool import event_order, harm_arrays
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
 
 RADIX_POLICIES = ("lru", "fifo", "lfu", "priority")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvscope.replay.trace import Trace
+from kvscope.sim.trace import Trace
 
 
 def make_trace(

@@ -3,7 +3,7 @@
 import pytest
 from test_analysis_rq_data import request, table
 
-from kvscope.analysis.runs import layout_comparison
+from kvscope.analysis.across_runs import layout_comparison
 
 
 def test_layouts_side_by_side() -> None:

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 from test_analysis_rq_data import request, table
 
-from kvscope.analysis.runs import first_to_lose_reuse, pressure_sweep
+from kvscope.analysis.across_runs import first_to_lose_reuse, pressure_sweep
 
 
 def run(planner: float, executor: float) -> pa.Table:

@@ -3,7 +3,7 @@
 import pytest
 from test_analysis_rq_data import request, table
 
-from kvscope.analysis.runs import sharing_comparison
+from kvscope.analysis.across_runs import sharing_comparison
 
 
 def calls(mode: str | None, planner: int, executor: int, ttft: float) -> list[dict]:

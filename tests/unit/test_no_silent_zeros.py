@@ -6,9 +6,9 @@ import pyarrow as pa
 import pytest
 
 from kvscope.analysis import evictions
+from kvscope.analysis.across_runs import layout_comparison
 from kvscope.analysis.agents import recompute_burden, weighted_hit_ratio
 from kvscope.analysis.provenance import by_agent
-from kvscope.analysis.runs import layout_comparison
 from kvscope.collect.series import series_deltas
 from kvscope.records.blocks import BLOCKS_SCHEMA
 from kvscope.records.requests import PROVENANCE_COLUMNS

@@ -10,8 +10,8 @@ from helpers import ROOT
 from typer.testing import CliRunner
 
 from kvscope.cli import app
-from kvscope.replay.convert import mooncake_rows, write_jsonl
-from kvscope.replay.sources import load_source
+from kvscope.sim.inputs.convert import mooncake_rows, write_jsonl
+from kvscope.sim.inputs.sources import load_source
 
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 runner = CliRunner()

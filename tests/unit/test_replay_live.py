@@ -1,4 +1,4 @@
-"""Building a live replay's calls from each source kind (replay/live.py, replay/live_compare.py)."""
+"""Building a live replay's calls from each source kind (live/calls.py, live/compare.py)."""
 
 import json
 from pathlib import Path
@@ -8,18 +8,18 @@ import pytest
 from helpers import ROOT
 
 from kvscope.errors import KvscopeError
-from kvscope.probe.identity import CallIdentity, given, identify
-from kvscope.records.tokens import load_tokens
-from kvscope.replay.live import (
+from kvscope.live.calls import (
     block_tokens,
     cold_prompt,
     limit_workflows,
     live_calls,
     mooncake_prompt,
 )
-from kvscope.replay.live_compare import original, predicted
-from kvscope.replay.live_run import engine_for, identity_of
-from kvscope.replay.sources import load_source
+from kvscope.live.compare import original, predicted
+from kvscope.live.run import engine_for, identity_of
+from kvscope.probe.identity import CallIdentity, given, identify
+from kvscope.records.tokens import load_tokens
+from kvscope.sim.inputs.sources import load_source
 
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 FANOUT = ROOT / "tests" / "fixtures" / "replay" / "fanout"
@@ -182,7 +182,7 @@ def _messages_run(tmp_path: Path, store: bool) -> Path:
 
 
 def test_messages_fallback_without_token_ids(tmp_path: Path) -> None:
-    from kvscope.replay.live_messages import message_calls
+    from kvscope.live.messages import message_calls
 
     calls, skipped = message_calls(_messages_run(tmp_path, True))
     assert skipped == 0 and len(calls) == 12
@@ -195,7 +195,7 @@ def test_messages_fallback_without_token_ids(tmp_path: Path) -> None:
 
 
 def test_no_token_ids_and_no_messages_is_a_clear_error(tmp_path: Path) -> None:
-    from kvscope.replay.live_messages import message_calls
+    from kvscope.live.messages import message_calls
 
     with pytest.raises(KvscopeError, match="store_prompts"):
         message_calls(_messages_run(tmp_path, False))

@@ -1,9 +1,9 @@
-"""Live replay pacing (replay/pacing.py) on hand-made timelines."""
+"""Live replay pacing (live/pacing.py) on hand-made timelines."""
 
 import pytest
 
 from kvscope.errors import KvscopeError
-from kvscope.replay.pacing import Timing, fire_time, schedule
+from kvscope.live.pacing import Timing, fire_time, schedule
 
 
 def test_session_chain_keeps_recorded_gaps() -> None:

@@ -1,4 +1,4 @@
-"""The flat-slot radix cache (kvscope.replay.radix) equals the node-tree reference oracle
+"""The flat-slot radix cache (kvscope.sim.caches.radix) equals the node-tree reference oracle
 (replay_radix_reference.py) on random traces: every policy, tight and loose capacities,
 overlapping requests, outputs, priorities, and requests shorter than a page. SGLang's node
 rules on hand-made traces, and the replay of two recorded SGLang runs against what the engine
@@ -14,12 +14,12 @@ import pytest
 from replay_radix_reference import simulate_radix as reference
 from replay_sim_helpers import make_trace, random_trace
 
-from kvscope.replay.fidelity import DIFF_TARGET, fidelity
-from kvscope.replay.radix import RADIX_POLICIES, simulate_radix
-from kvscope.replay.result import SimResult
-from kvscope.replay.simulate import simulate
-from kvscope.replay.sources import load_source
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.inputs.sources import load_source
+from kvscope.sim.results.fidelity import DIFF_TARGET, fidelity
+from kvscope.sim.simulate import simulate
+from kvscope.sim.trace import Trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from kvscope.replay import sources
-from kvscope.replay.fidelity import fidelity
-from kvscope.replay.schedule import (
+from kvscope.sim.inputs import sources
+from kvscope.sim.inputs.schedule import (
     SAME_STEP_S,
     first_stores,
     scheduled_start,
     scheduled_starts,
 )
-from kvscope.replay.simulate import simulate
-from kvscope.replay.sources import load_source
+from kvscope.sim.inputs.sources import load_source
+from kvscope.sim.results.fidelity import fidelity
+from kvscope.sim.simulate import simulate
 
 FANOUT = ROOT / "tests" / "fixtures" / "replay" / "fanout"
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"

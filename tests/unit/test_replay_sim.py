@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from replay_sim_helpers import make_trace, random_trace
 
-from kvscope.replay.reference import simulate_lru
-from kvscope.replay.simulate import POLICIES, simulate
-from kvscope.replay.trace import Trace, chain_keys
+from kvscope.sim.caches.reference import simulate_lru
+from kvscope.sim.simulate import POLICIES, simulate
+from kvscope.sim.trace import Trace, chain_keys
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "pathology"
 
@@ -149,9 +149,9 @@ def test_every_policy_runs_and_no_cache_never_hits() -> None:
 
 
 def test_heap_keys_without_int64_packing_give_the_same_answers() -> None:
-    from kvscope.replay.belady import BeladyOrder
-    from kvscope.replay.policies import LFUOrder
-    from kvscope.replay.pool import simulate_pool
+    from kvscope.sim.caches.pool import simulate_pool
+    from kvscope.sim.orders.belady import BeladyOrder
+    from kvscope.sim.orders.scored import LFUOrder
 
     class WideBelady(BeladyOrder):
         int_bits = 0

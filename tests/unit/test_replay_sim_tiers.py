@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from replay_sim_helpers import make_trace, random_trace
 
-from kvscope.replay.simulate import simulate
-from kvscope.replay.tiers import split_by_agent
+from kvscope.sim.caches.host_tier import split_by_agent
+from kvscope.sim.simulate import simulate
 
 SEQ = [[2], [3], [4], [1], [1], [1], [2], [3], [4], [1]]
 AGENTS: list[str | None] = list("xyzwwwxyzw")

@@ -10,11 +10,11 @@ import pytest
 from helpers import ROOT
 
 from kvscope.errors import KvscopeError
-from kvscope.replay.convert import mooncake_rows, token_rows, write_jsonl
-from kvscope.replay.schedule import scheduled_start
-from kvscope.replay.simulate import simulate
-from kvscope.replay.sources import load_source
-from kvscope.replay.summary import summarize
+from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
+from kvscope.sim.inputs.schedule import scheduled_start
+from kvscope.sim.inputs.sources import load_source
+from kvscope.sim.results.summary import summarize
+from kvscope.sim.simulate import simulate
 
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 

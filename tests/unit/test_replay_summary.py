@@ -11,13 +11,13 @@ import pytest
 from helpers import ROOT
 
 from kvscope.errors import KvscopeError
-from kvscope.replay import plan
-from kvscope.replay.fidelity import NO_CAUSE, fidelity, nearest_start_gap, overlaps
-from kvscope.replay.result import SimResult
-from kvscope.replay.simulate import simulate
-from kvscope.replay.sources import Source, load_source
-from kvscope.replay.summary import NO_AGENT, UNKNOWN, summarize
-from kvscope.replay.trace import Trace
+from kvscope.sim import plan
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.inputs.sources import Source, load_source
+from kvscope.sim.results.fidelity import NO_CAUSE, fidelity, nearest_start_gap, overlaps
+from kvscope.sim.results.summary import NO_AGENT, UNKNOWN, summarize
+from kvscope.sim.simulate import simulate
+from kvscope.sim.trace import Trace
 
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 

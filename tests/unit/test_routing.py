@@ -1,4 +1,4 @@
-"""Routing misses (finalize.routing) and analyses (analysis.routing) on a two-replica run.
+"""Routing misses (finalize.routing_misses) and per-replica use (analysis.replica_use), 2 replicas.
 
 Hand-made, with known answers.
 
@@ -18,8 +18,8 @@ Block size 4. S is an 8-token shared prefix (2 blocks); a planner prompt is S + 
 
 import pytest
 
-from kvscope.analysis import routing
-from kvscope.finalize import routing as misses_of
+from kvscope.analysis import replica_use
+from kvscope.finalize import routing_misses as misses_of
 from kvscope.finalize.provenance import build_ledger
 from kvscope.records.kv_events import KvBatch, KvEvent
 
@@ -112,7 +112,7 @@ def test_routing_columns(filled) -> None:
 
 
 def test_routing_by_agent(filled) -> None:
-    rows = {s.group: s for s in routing.routing_by_agent(filled)}
+    rows = {s.group: s for s in replica_use.routing_by_agent(filled)}
     assert list(rows) == ["planner", "executor", "reviewer"]
     planner, executor, reviewer = rows["planner"], rows["executor"], rows["reviewer"]
     assert (planner.calls, planner.measured, planner.miss_calls) == (3, 3, 1)
@@ -127,7 +127,7 @@ def test_routing_by_agent(filled) -> None:
 
 
 def test_routing_by_transition(filled) -> None:
-    rows = {s.group: s for s in routing.routing_by_transition(filled)}
+    rows = {s.group: s for s in replica_use.routing_by_transition(filled)}
     assert list(rows) == [
         "start -> planner",
         "planner -> executor",
@@ -143,7 +143,7 @@ def test_routing_by_transition(filled) -> None:
 
 
 def test_per_agent_replica() -> None:
-    got = {(x.agent_id, x.replica): x for x in routing.per_agent_replica(ROWS)}
+    got = {(x.agent_id, x.replica): x for x in replica_use.per_agent_replica(ROWS)}
     assert list(got) == [
         ("planner", "r0"), ("planner", "r1"), ("executor", "r0"), ("executor", "r1"),
         ("reviewer", "r1"), ("reviewer", None),
@@ -158,7 +158,7 @@ def test_per_agent_replica() -> None:
 
 
 def test_affinity() -> None:
-    got = {x.agent_id: x for x in routing.affinity(ROWS)}
+    got = {x.agent_id: x for x in replica_use.affinity(ROWS)}
     planner, executor, reviewer = got["planner"], got["executor"], got["reviewer"]
     assert (planner.calls, planner.replicas, planner.top_replica, planner.top_calls) == (
         3, 2, "r0", 2,
@@ -172,13 +172,13 @@ def test_affinity() -> None:
 
 def test_affinity_without_any_replica_is_null() -> None:
     rows = [r | {"replica": None} for r in ROWS]
-    assert {x.affinity for x in routing.affinity(rows)} == {None}
+    assert {x.affinity for x in replica_use.affinity(rows)} == {None}
 
 
 def test_replica_load() -> None:
     got = [
         (x.bucket_start_ns, x.replica, x.agent_id, x.calls, x.prompt_tokens)
-        for x in routing.replica_load(ROWS, 50)
+        for x in replica_use.replica_load(ROWS, 50)
     ]
     assert got == [
         (0, "r0", "planner", 1, 14),
@@ -189,4 +189,4 @@ def test_replica_load() -> None:
         (50, "r1", "reviewer", 1, None),  # failed before a count: null
     ]
     with pytest.raises(ValueError):
-        routing.replica_load(ROWS, 0)
+        replica_use.replica_load(ROWS, 0)

@@ -1,6 +1,6 @@
-"""thread_turn at finalize (finalize/threads.py), on hand-made rows with known answers."""
+"""thread_turn at finalize (finalize/thread_turns.py), on hand-made rows with known answers."""
 
-from kvscope.finalize.threads import with_thread_turns
+from kvscope.finalize.thread_turns import with_thread_turns
 
 
 def row(uuid: str, thread: str | None, workflow: str | None, start: int | None) -> dict:

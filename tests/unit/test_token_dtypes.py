@@ -20,14 +20,15 @@ from helpers import ROOT
 from kvscope.finalize import blockhash, finalize, lcp
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.prompts import Prompts, load_prompts
+from kvscope.live import calls as live
 from kvscope.records import requests
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.kv_events import KV_EVENTS_PARQUET
 from kvscope.records.tokens import PrefixIndex, common_prefix, load_tokens
-from kvscope.replay import convert, live
-from kvscope.replay.simulate import simulate
-from kvscope.replay.sources import load_source
-from kvscope.replay.summary import summarize
+from kvscope.sim.inputs import convert
+from kvscope.sim.inputs.sources import load_source
+from kvscope.sim.results.summary import summarize
+from kvscope.sim.simulate import simulate
 
 RECORDED = ROOT / "tests" / "fixtures" / "recorded-runs"
 RUNS = sorted(p for p in RECORDED.iterdir() if p.is_dir() and p.name != "expected")
@@ -107,7 +108,7 @@ def test_a_prompt_ending_where_another_has_the_greatest_id() -> None:
 
 
 def test_replay_keys_do_not_depend_on_the_dtype() -> None:
-    from kvscope.replay.trace import chain_keys
+    from kvscope.sim.trace import chain_keys
 
     ps = prompts(3)
     want = chain_keys(ps, 4)
@@ -130,7 +131,7 @@ def as_int32(monkeypatch: pytest.MonkeyPatch) -> Callable[[], AbstractContextMan
     @contextmanager
     def use() -> Iterator[None]:
         with monkeypatch.context() as m:
-            m.setattr("kvscope.replay.sources.load_tokens", widened)
+            m.setattr("kvscope.sim.inputs.sources.load_tokens", widened)
             m.setattr("kvscope.finalize.tables.load_prompts", widened_prompts)
             m.setattr(convert, "load_tokens", widened)
             m.setattr(live, "load_tokens", widened)

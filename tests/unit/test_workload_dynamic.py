@@ -9,7 +9,7 @@ import pytest
 from peer_engine import BASE, Call, ScriptedEngine, default_reply
 
 from kvscope.config import WorkloadConfig
-from kvscope.workload import routing
+from kvscope.workload import decisions
 from kvscope.workload.driver import WorkflowResult, run_workflows
 from kvscope.workload.peer import dynamic_route
 from kvscope.workload.supervisor_prompts import TEMPLATE_VERSION, WORKERS
@@ -30,16 +30,16 @@ def dynamic(**kw: Any) -> WorkloadConfig:
 
 
 def test_choice_format_and_parse() -> None:
-    fmt = routing.choice_format(["planner", "end"])
+    fmt = decisions.choice_format(["planner", "end"])
     assert fmt["type"] == "json_schema"
     assert fmt["json_schema"]["schema"] == {"type": "string", "enum": ["planner", "end"]}
-    assert routing.parse_choice('"end"', ["planner", "end"]) == "end"
-    assert routing.parse_choice(" planner\n", ["planner", "end"]) == "planner"
-    assert routing.parse_choice('"executor"', ["planner", "end"]) is None
-    assert routing.parse_choice('{"next": "end"}', ["planner", "end"]) is None
-    assert routing.parse_choice(None, ["end"]) is None
+    assert decisions.parse_choice('"end"', ["planner", "end"]) == "end"
+    assert decisions.parse_choice(" planner\n", ["planner", "end"]) == "planner"
+    assert decisions.parse_choice('"executor"', ["planner", "end"]) is None
+    assert decisions.parse_choice('{"next": "end"}', ["planner", "end"]) is None
+    assert decisions.parse_choice(None, ["end"]) is None
     with pytest.raises(ValueError):
-        routing.choice_format([])
+        decisions.choice_format([])
 
 
 def test_dynamic_route_respects_max_steps() -> None:
@@ -57,8 +57,8 @@ def test_dynamic_peer_follows_the_reviewers_choice() -> None:
     def reply(call: Call) -> str:
         if call.agent == "reviewer":
             assert call.choices == ["planner", "executor", "end"]
-            assert call.body["max_tokens"] == routing.ROUTE_MAX_TOKENS
-            assert call.messages[-1]["content"].endswith(routing.REVIEWER_ROUTE)
+            assert call.body["max_tokens"] == decisions.ROUTE_MAX_TOKENS
+            assert call.messages[-1]["content"].endswith(decisions.REVIEWER_ROUTE)
             return json.dumps(script[call.turn])
         assert call.choices is None and "response_format" not in call.body
         return default_reply(call)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis import evictions, latency, provenance, routing, transitions, turns
+from kvscope.analysis import evictions, latency, provenance, replica_use, transitions, turns
 from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
@@ -156,10 +156,10 @@ class RunAnalysis:
         return {
             "routing": {
                 "unplaced_calls": sum(r.get("replica") is None for r in rows),
-                "per_agent_replica": [asdict(x) for x in routing.per_agent_replica(rows)],
-                "affinity": [asdict(x) for x in routing.affinity(rows)],
-                "by_agent": [asdict(x) for x in routing.routing_by_agent(rows)],
-                "by_transition": [asdict(x) for x in routing.routing_by_transition(rows)],
+                "per_agent_replica": [asdict(x) for x in replica_use.per_agent_replica(rows)],
+                "affinity": [asdict(x) for x in replica_use.affinity(rows)],
+                "by_agent": [asdict(x) for x in replica_use.routing_by_agent(rows)],
+                "by_transition": [asdict(x) for x in replica_use.routing_by_transition(rows)],
             }
         }
 

@@ -2,7 +2,7 @@
 simulator under other eviction policies and capacities, and say what each would have cached.
 
 SOURCE is a kvscope run directory (Level 3 prompt token ids needed), a Mooncake trace or a
-token-id trace (JSONL; see kvscope.replay.sources). Printed: per policy x capacity the
+token-id trace (JSONL; see kvscope.sim.inputs.sources). Printed: per policy x capacity the
 token-weighted hit ratio overall, per agent and per transition, recompute tokens, harmful
 evictions (evictor agent -> victim agent) and the TTFT the policy would save (from the run's
 fitted prefill cost per token; null when none could be fitted); on a run directory also the
@@ -29,7 +29,7 @@ from kvscope.cli.report import TRACKING_OPTION, mlflow_run_of
 from kvscope.errors import KvscopeError
 
 if TYPE_CHECKING:
-    from kvscope.replay.sources import Source
+    from kvscope.sim.inputs.sources import Source
 
 PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 
@@ -55,7 +55,7 @@ def replay_document(
     """Run every policy x capacity over the loaded SOURCE (with a progress bar when long): the
     document that replay.json holds (report.replay_section describes it). `tier`: make_plan's
     host_tokens / prefetch / load_ms_per_block."""
-    from kvscope.replay.plan import make_plan, run_plan, split_list
+    from kvscope.sim.plan import make_plan, run_plan, split_list
 
     plan = make_plan(source, split_list(policy), split_list(capacity_tokens), **(tier or {}))
     fit = _fit(source)
@@ -94,8 +94,8 @@ def replay_document(
 
 
 def _export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> None:
-    """Write SOURCE's replayed requests as a Mooncake and/or a token-id trace (replay.convert)."""
-    from kvscope.replay.convert import mooncake_rows, token_rows, write_jsonl
+    """SOURCE's replayed requests as a Mooncake and/or a token-id trace (sim.inputs.convert)."""
+    from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
 
     for path, rows in ((to_mooncake, mooncake_rows), (to_tokens, token_rows)):
         if path is not None:
@@ -190,7 +190,7 @@ def replay(
         bool,
         typer.Option(
             "--live",
-            help="Send the calls to a real engine instead (a kvscope run; kvscope.replay.live).",
+            help="Send the calls to a real engine instead (a kvscope run; kvscope.live.calls).",
         ),
     ] = False,
     engine: Annotated[
@@ -242,7 +242,7 @@ def replay(
 
     if not console.is_terminal:
         console.width = max(console.width, 160)
-    from kvscope.replay.sources import load_source
+    from kvscope.sim.inputs.sources import load_source
 
     loaded = load_source(source, block_size)
     if to_tokens is not None and loaded.run_dir is None:

@@ -1,4 +1,4 @@
-"""`kvscope replay SOURCE --live`: the CLI side of replay/live_run.py (a profiled run that sends
+"""`kvscope replay SOURCE --live`: the CLI side of live/run.py (a profiled run that sends
 SOURCE's calls to a real engine), its summary and RUN/live_replay.json."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvscope.cli.common import console
 from kvscope.errors import KvscopeError
-from kvscope.records.tokens import TOKENS_JSONL
+from kvscope.records.tokens import has_tokens
 
 if TYPE_CHECKING:
-    from kvscope.replay.sources import Source
+    from kvscope.sim.inputs.sources import Source
 
 
 def replay_live(
@@ -30,20 +30,20 @@ def replay_live(
 ) -> Path:
     """Replay SOURCE live; print the per-agent comparison; the replay's run directory."""
     from kvscope.capture import Hooks
-    from kvscope.replay.live import limit_workflows as limit
-    from kvscope.replay.live import live_calls
-    from kvscope.replay.live_compare import live_document, predicted, summary_lines
-    from kvscope.replay.live_run import LIVE_REPLAY_JSON, engine_for, run_live
-    from kvscope.replay.pacing import check_pacing, schedule
-    from kvscope.replay.sources import load_source
+    from kvscope.live.calls import limit_workflows as limit
+    from kvscope.live.calls import live_calls
+    from kvscope.live.compare import live_document, predicted, summary_lines
+    from kvscope.live.pacing import check_pacing, schedule
+    from kvscope.live.run import LIVE_REPLAY_JSON, engine_for, run_live
+    from kvscope.sim.inputs.sources import load_source
 
     check_pacing(pacing)
     if engine is not None and attach is not None:
         raise KvscopeError("--live: give --engine or --attach, not both")
     capacity = _one_capacity(capacity_tokens)
     source: Source | None = None
-    if source_path.is_dir() and not (source_path / TOKENS_JSONL).exists():
-        from kvscope.replay.live_messages import message_calls
+    if source_path.is_dir() and not has_tokens(source_path):
+        from kvscope.live.messages import message_calls
 
         every, skipped = message_calls(source_path, cold=cold_prompts)
         if skipped:

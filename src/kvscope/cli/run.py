@@ -212,7 +212,7 @@ def _print_where(outcome: "RunOutcome") -> None:
 
 def _print_routing(outcome: "RunOutcome") -> None:
     """A deployment's run: per agent, where its calls went and what routing cost it."""
-    from kvscope.analysis import routing
+    from kvscope.analysis import replica_use
 
     rows = outcome.analysis.requests.to_pylist()
     if not any(r.get("replica") for r in rows):
@@ -221,8 +221,8 @@ def _print_routing(outcome: "RunOutcome") -> None:
     for i, head in enumerate(("agent", "calls", "on its top replica", "affinity",
                               "routing-miss tokens", "of prompt")):  # fmt: skip
         view.add_column(head, justify="left" if i == 0 else "right")
-    misses = {m.group: m for m in routing.routing_by_agent(rows)}
-    for aff in routing.affinity(rows):
+    misses = {m.group: m for m in replica_use.routing_by_agent(rows)}
+    for aff in replica_use.affinity(rows):
         m = misses.get(aff.agent_id or "none")
         view.add_row(
             aff.agent_id or "none", str(aff.calls), f"{aff.top_calls} on {aff.top_replica}",

@@ -41,7 +41,7 @@ free after the stop, 78 s in all):
 - round_robin started with the second worker URL (its "Router ready" line lists them in another
   order than --worker-urls): calls went r1, r0, r1, r0.
 - The second call (the other agent, same 128-token first block, on the other replica) computed
-  that block again: finalize.routing counted 128 routing-miss tokens, cached on r1.
+  that block again: finalize.routing_misses counted 128 routing-miss tokens, cached on r1.
 - kv_aware (same calls, --kv-event-block-size 128, --kv-event-model smollm2): the router's
   subscribers connected to both replicas' bound publishers ("kv_index subscriber for <url> rank0
   on tcp://127.0.0.1:<port>") beside kvscope's own replay of the same streams; all 4 calls went

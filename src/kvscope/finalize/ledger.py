@@ -31,7 +31,7 @@ KEYED, UNMATCHABLE, ORPHAN = range(3)  # Ledger.key_state: a prefix key, -1, Non
 
 @dataclass(slots=True)
 class BlockLife:
-    """One block life as an object: what Ledger.lives gives (finalize.routing reads it)."""
+    """One block life as an object: what Ledger.lives gives (finalize.routing_misses reads it)."""
 
     block_hash: int
     key: int | None  # prefix key; None when the parent was never seen
@@ -77,8 +77,8 @@ class Ledger:
 
     @property
     def lives(self) -> list[BlockLife]:
-        """The lives as BlockLife objects, made on each call (finalize.routing reads their key,
-        stored_ns and removed_ns). Provenance's results per life (owner, hits, needed) are in
+        """The lives as BlockLife objects, made on each call (finalize.routing_misses reads their
+        key, stored_ns and removed_ns). Provenance's results per life (owner, hits, needed) are in
         its block table, not here: they are left unset."""
         keys = [
             k if s == KEYED else (_UNMATCHABLE if s == UNMATCHABLE else None)

@@ -1,7 +1,8 @@
 """A run directory's streams -> its tables, the same at the end of a run and in `kvscope convert`.
 
-Reads requests.jsonl, prompt_tokens.jsonl and, per KV cache, its /metrics series (metrics.parquet,
-else metrics.kvscope.jsonl) and kv_events.jsonl; writes requests.parquet with the Level 2 context
+Reads requests.jsonl, the prompt-token stream (prompt_tokens.arrow) and, per KV cache, its /metrics
+series (metrics.parquet, else metrics.kvscope.jsonl) and KV event stream (kv_events.arrow; an
+older run's JSONL streams the same way: records.tokens, records.kv_events); writes requests.parquet with the Level 2 context
 and Level 3 provenance columns, kv_events.parquet (one row per block event), blocks.parquet (one
 row per block life) and finalize.json (what was read and matched).
 
@@ -9,7 +10,8 @@ One engine has one cache: its streams are in the run directory. A deployment (re
 router) has one per replica, in replicas/<name>/ (records.run_dir.replica_dirs): each call is
 placed on the replica that served it (finalize.replicas), gets its context and provenance from
 that replica's streams alone (a block on replica A is not a hit on replica B), and its routing
-miss from all of them (finalize.routing); the event and block tables carry a `replica` column.
+miss from all of them (finalize.routing_misses); the event and block tables carry a `replica`
+column.
 """
 
 import json
@@ -31,8 +33,8 @@ from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
 from kvscope.finalize.ledger import ledger_of
 from kvscope.finalize.prompts import Prompts, load_prompts
 from kvscope.finalize.provenance import Ledger, Provenance, provenance
-from kvscope.finalize.routing import routing_columns
-from kvscope.finalize.threads import with_thread_turns
+from kvscope.finalize.routing_misses import routing_columns
+from kvscope.finalize.thread_turns import with_thread_turns
 from kvscope.records import kv_events, metrics, requests
 from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA
 from kvscope.records.finalized import Finalized, KvReport
@@ -58,8 +60,8 @@ class _Cache:
 
     @classmethod
     def read(cls, name: str | None, folder: Path) -> "_Cache":
-        path = folder / kv_events.KV_EVENTS_JSONL
-        return cls(name, folder, read_columns(path) if path.exists() else None)
+        path = kv_events.events_path(folder)
+        return cls(name, folder, read_columns(path) if path is not None else None)
 
     def listener(self) -> dict[str, Any] | None:
         path = self.folder / kv_events.KV_SUMMARY
@@ -81,7 +83,7 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     heaptrim.release()  # the reader's chunks
     named = replica_dirs(run_dir)
     with ThreadPoolExecutor(1) as pool:  # the KV events read while divergence runs: the
-        # reader waits mostly on orjson, divergence on numpy (which lets other threads run)
+        # reader waits mostly on Arrow, divergence on numpy (both let other threads run)
         reading = pool.submit(_read_caches, run_dir, named)
         if tokens:
             rows = with_divergence(rows, tokens)

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pyarrow import json as pa_json
 
 from kvscope.collect import context
-from kvscope.finalize import divergence, heaptrim, routing
+from kvscope.finalize import divergence, heaptrim, routing_misses
 from kvscope.records import requests
 from kvscope.records.base import read_jsonl
 
@@ -35,7 +35,7 @@ READ = (
 EXPORTED = ("queue_ms", "prefill_ms", "decode_ms")  # the engine's own timings (engines.base)
 SET = (
     "thread_turn", "replica", *EXPORTED, *divergence.COLUMNS, *context.COLUMNS,
-    *requests.PROVENANCE_COLUMNS, *routing.COLUMNS,
+    *requests.PROVENANCE_COLUMNS, *routing_misses.COLUMNS,
 )  # fmt: skip
 KEPT = READ + EXPORTED  # the exported timings are set only where the stream has none
 _CHUNK = 8192  # full rows held at once while the table is built line by line

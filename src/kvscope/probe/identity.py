@@ -2,7 +2,7 @@
 
 `identify()` is called at the moment a request leaves (probe/intercept.py). It reads the running
 LangGraph node's config (langchain-core's context variable, set while a node and anything it calls
-run, in its thread or task) and the active RunTracker (probe/runs.py). The rules:
+run, in its thread or task) and the active RunTracker (probe/run_tracker.py). The rules:
 
 - agent_id: `kvscope.agent(...)` if a block names one; else the top-level node's metadata
   `{"kvscope": {"agent": ...}}`; else the top-level node: inside a subgraph or a prebuilt agent
@@ -17,7 +17,7 @@ run, in its thread or task) and the active RunTracker (probe/runs.py). The rules
   this one included, from 1: the k-th visit of the agent in the invocation, i.e. the loop
   iteration (the PEER cycle for PEER's agents). Calls of one visit (a react agent's inner loop, or
   Send branches of one node) share a turn. Conversation turns are invocations: `thread_turn`
-  numbers a thread's invocations, set at finalize over the whole run (finalize/threads.py).
+  numbers a thread's invocations, set at finalize over the whole run (finalize/thread_turns.py).
 - previous_agent_id: the agent of the latest call that happened before this one in the same
   invocation: at the first graph level where the two calls' tasks differ, one made at an earlier
   superstep of that level; or one earlier in the same task. Parallel branches (a `Send` fan-out,
@@ -38,7 +38,7 @@ from uuid import UUID
 
 from langchain_core.runnables.config import var_child_runnable_config
 
-from kvscope.probe import labels, runs
+from kvscope.probe import labels, run_tracker
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def identify() -> CallIdentity:
     metadata: Mapping[str, Any] = config.get("metadata") or {}
     node_meta = metadata.get(labels.METADATA_KEY)
     node_meta = node_meta if isinstance(node_meta, Mapping) else {}
-    path = runs.node_path(metadata)
+    path = run_tracker.node_path(metadata)
     agent_id = labels.current_agent() or node_meta.get("agent") or (path[0] if path else None)
     known = (*labels.ANNOTATION_COLUMNS, *labels.PROMPT_HINTS)
     annotations = {k: v for k, v in node_meta.items() if k in known}
@@ -99,7 +99,7 @@ def identify() -> CallIdentity:
         annotations=MappingProxyType(columns),
         hints=MappingProxyType(hints),
     )
-    tracker = runs.active()
+    tracker = run_tracker.active()
     if tracker is None or not path:
         return ident
     place = tracker.place(_current_run(config), metadata, agent_id)

@@ -15,7 +15,7 @@ app gets the same exception or reply it would have got.
 
 Interceptors nest and may be entered from several threads; the wrap is removed when the last one
 exits (and left as a pass-through if some other library wrapped `send` after kvscope). While it
-is active, LangGraph's runs are tracked (probe/runs.py) for identity.
+is active, LangGraph's runs are tracked (probe/run_tracker.py) for identity.
 """
 
 import json
@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvscope.engines.base import Engine
-from kvscope.probe import runs
+from kvscope.probe import run_tracker
 from kvscope.probe.identity import identify
 from kvscope.probe.measure import HTTPX_LIBS
 from kvscope.probe.wire import CallContext, InFlight
@@ -77,7 +77,7 @@ class Interceptor:
     def __enter__(self) -> "Interceptor":
         with _LOCK:
             if self._depth == 0:
-                runs.activate(self.on_tool)
+                run_tracker.activate(self.on_tool)
                 _ACTIVE.append(self)
                 _install()
             self._depth += 1
@@ -88,7 +88,7 @@ class Interceptor:
             self._depth -= 1
             if self._depth == 0:
                 _ACTIVE.remove(self)
-                runs.deactivate()
+                run_tracker.deactivate()
                 if not _ACTIVE:
                     _uninstall()
 

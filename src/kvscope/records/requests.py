@@ -109,8 +109,8 @@ class RequestRecord:
     uncached_evicted_tokens: int | None = None  # stored with this exact prefix, then evicted
     uncached_layout_tokens: int | None = None  # content seen earlier, but behind another prefix
     uncached_cold_tokens: int | None = None  # never seen before (tail of a partial block included)
-    # Behind a router (finalize.routing): of the uncached tokens, those cached on another replica
-    # at that moment, and that replica; None with one engine or where it cannot be told
+    # Behind a router (finalize.routing_misses): of the uncached tokens, those cached on another
+    # replica at that moment, and that replica; None with one engine or where it cannot be told
     routing_miss_tokens: int | None = None
     routing_miss_replica: str | None = None
     # result

@@ -1,7 +1,7 @@
 """The tool stream (tools.jsonl): one row per LangChain tool run an app made while profiled.
 
 A tool run is a span of its workflow's trace; its time is also charged, as `tool_ms`, to the next
-LLM call of the same top-level task (probe/runs.py).
+LLM call of the same top-level task (probe/run_tracker.py).
 """
 
 from dataclasses import dataclass, replace

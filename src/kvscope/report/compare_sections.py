@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvscope.analysis import runs
+from kvscope.analysis import across_runs
 from kvscope.analysis.run import RunAnalysis
 from kvscope.records.run_dir import run_name
 from kvscope.report import plots
@@ -98,7 +98,7 @@ def cross_run_sections(data: Sequence[RunAnalysis]) -> list[Section]:
 
 def rq3(by_label: dict[str, Any]) -> Section:
     cols = COLUMNS["rq3"]
-    layout = runs.layout_comparison(by_label)
+    layout = across_runs.layout_comparison(by_label)
     return Section(
         "rq3",
         "RQ3: prompt layout",
@@ -120,22 +120,22 @@ def rq4(data: Sequence[RunAnalysis], by_capacity: bool, by_concurrency: bool) ->
         )
         for d, group in zip(data, sweep_groups(data), strict=True)
     ]
-    sweep = runs.pressure_sweep(params)
-    losses = runs.first_to_lose_reuse(sweep) if by_capacity else []
-    notes = [say("capacity_loss", loss, runs.LOSS_THRESHOLD) for loss in losses]
+    sweep = across_runs.pressure_sweep(params)
+    losses = across_runs.first_to_lose_reuse(sweep) if by_capacity else []
+    notes = [say("capacity_loss", loss, across_runs.LOSS_THRESHOLD) for loss in losses]
     if by_capacity and not losses:
-        notes.append(say("no_capacity_loss", runs.LOSS_THRESHOLD))
+        notes.append(say("no_capacity_loss", across_runs.LOSS_THRESHOLD))
     if by_concurrency:
         notes += [
             say("concurrency_loss", loss)
-            for loss in runs.first_to_lose_reuse(sweep, axis="concurrency")
+            for loss in across_runs.first_to_lose_reuse(sweep, axis="concurrency")
         ]
     cols = COLUMNS["rq4"]
     return Section(
         "rq4",
         "RQ4: cache pressure",
         say("rq4_intro"),
-        plots.capacity_lines(sweep, losses, runs.runs_order(d.requests for d in data))
+        plots.capacity_lines(sweep, losses, across_runs.runs_order(d.requests for d in data))
         if by_capacity
         else None,
         say("rq4_missing"),
@@ -145,7 +145,7 @@ def rq4(data: Sequence[RunAnalysis], by_capacity: bool, by_concurrency: bool) ->
 
 
 def rq5(by_label: dict[str, Any]) -> Section:
-    sharing = runs.sharing_comparison(by_label)
+    sharing = across_runs.sharing_comparison(by_label)
     cols = COLUMNS["rq5"]
     return Section(
         "rq5",

@@ -17,9 +17,9 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 from matplotlib.figure import Figure
 
+from kvscope.analysis.across_runs import ALL, ReuseLoss, pooled
 from kvscope.analysis.agents import AgentOrder, agent_key
 from kvscope.analysis.latency import COMPONENT_LABELS, COMPONENTS, PrefillFit
-from kvscope.analysis.runs import ALL, ReuseLoss, pooled
 from kvscope.analysis.transitions import SAME_AGENT, matrix
 from kvscope.report.timeline import agent_color
 

@@ -1,7 +1,7 @@
 """The what-if replay's views: tables (terminal and report.html) and the hit-ratio plot.
 
 Built from a replay document (`kvscope replay` writes it as RUN/replay.json):
-{source, kind, block_size, fit, notes, fidelity, results: [replay.summary.Summary.to_dict()]}.
+{source, kind, block_size, fit, notes, fidelity, results: [sim.results.summary.Summary.to_dict()]}.
 `replay_sections(doc)` -> the Sections that both `print_section` and the HTML template draw;
 `replay_plot(results, run_capacity)` -> hit ratio vs capacity per policy (left) and per agent
 (right), the run's capacity marked, as a data URI; `replay_section(run_dir)` -> the report's

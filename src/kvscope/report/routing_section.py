@@ -1,6 +1,6 @@
 """The report's routing section: a deployment's run (replicas behind a router), per agent.
 
-Absent for a run of one engine (no row has a replica). From analysis.routing: per agent x
+Absent for a run of one engine (no row has a replica). From analysis.replica_use: per agent x
 replica the calls and weighted hit ratio; per agent its affinity; routing-miss tokens per agent
 and per transition beside the uncached causes provenance gives; and a figure of the calls each
 replica started over time.
@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pyarrow as pa
 
-from kvscope.analysis import routing
+from kvscope.analysis import replica_use
 from kvscope.analysis.run import RunAnalysis
 from kvscope.report.plots import data_uri
 from kvscope.report.table import Column, Section, table
@@ -60,12 +60,12 @@ def routing_section(run: RunAnalysis) -> list[Section]:
     unplaced = sum(r.get("replica") is None for r in rows)
     notes = [f"{unplaced} call(s) could not be placed on a replica."] if unplaced else []
     tables = [
-        table(routing.as_table(routing.per_agent_replica(rows)), PER_REPLICA,
+        table(replica_use.as_table(replica_use.per_agent_replica(rows)), PER_REPLICA,
               "per agent x replica"),
-        table(routing.as_table(routing.affinity(rows)), AFFINITY, "affinity per agent"),
-        table(routing.as_table(routing.routing_by_agent(rows)), MISSES,
+        table(replica_use.as_table(replica_use.affinity(rows)), AFFINITY, "affinity per agent"),
+        table(replica_use.as_table(replica_use.routing_by_agent(rows)), MISSES,
               "routing misses per agent"),
-        table(routing.as_table(routing.routing_by_transition(rows)), MISSES,
+        table(replica_use.as_table(replica_use.routing_by_transition(rows)), MISSES,
               "routing misses per transition (previous agent -> agent)"),
     ]  # fmt: skip
     figure = load_figure(rows)
@@ -81,7 +81,7 @@ def load_figure(rows: list[Row]) -> str | None:
     span = max(r["start_ns"] for r in placed) - t0
     bucket = max(span // BUCKETS + 1, 1)
     counts: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for load in routing.replica_load(placed, bucket):
+    for load in replica_use.replica_load(placed, bucket):
         counts[load.replica][load.bucket_start_ns] += load.calls
     fig, ax = plt.subplots(figsize=(8, 2.8))
     for replica, by_bucket in sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0])):
@@ -106,7 +106,7 @@ def routing_compare(data: Sequence[RunAnalysis]) -> list[Section]:
         if not has_replicas(rows):
             continue
         router = (d.config.get("deployment") or {}).get("router") or {}
-        whole = routing.routing_sum("all", rows)
+        whole = replica_use.routing_sum("all", rows)
         per_run.append({
             "run": d.label, "router": f"{router.get('kind', '?')} {router.get('policy', '?')}",
             "calls": len(rows), "unplaced": sum(r.get("replica") is None for r in rows),
@@ -114,8 +114,8 @@ def routing_compare(data: Sequence[RunAnalysis]) -> list[Section]:
             "routing_miss_tokens": whole.routing_miss_tokens,
             "routing_miss_share": whole.routing_miss_share,
         })  # fmt: skip
-        misses = {m.group: m for m in routing.routing_by_agent(rows)}
-        for aff in routing.affinity(rows):
+        misses = {m.group: m for m in replica_use.routing_by_agent(rows)}
+        for aff in replica_use.affinity(rows):
             m = misses.get(aff.agent_id or "none")
             per_agent.append({
                 "run": d.label, "agent_id": aff.agent_id, "affinity": aff.affinity,

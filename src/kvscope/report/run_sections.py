@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from kvscope.analysis.across_runs import ALL, distinct_values, layout_comparison
 from kvscope.analysis.run import RunAnalysis
-from kvscope.analysis.runs import ALL, distinct_values, layout_comparison
 from kvscope.records.metrics import Series
 from kvscope.records.requests import PROVENANCE_COLUMNS as PROVENANCE
 from kvscope.records.run_dir import TIMELINE_PNG, replica_dir

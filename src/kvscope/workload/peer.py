@@ -4,9 +4,9 @@ Planner -> Executor -> Expresser -> Reviewer -> (Planner | END)          loop: f
 Planner -> Executor -> Expresser -> Reviewer -> (Planner | Executor | END)  loop: dynamic
 
 In dynamic mode (PBKV's setting) the Reviewer's call is the routing decision: the same prompt with
-its last instruction replaced by routing.REVIEWER_ROUTE, and the reply constrained by structured
+its last instruction replaced by decisions.REVIEWER_ROUTE, and the reply constrained by structured
 output to `planner` (revise the plan), `executor` (redo the work) or `end`
-(kvscope.workload.routing). It stays one call, one row, of the Reviewer. A route whose round
+(kvscope.workload.decisions). It stays one call, one row, of the Reviewer. A route whose round
 would take the workflow past `max_steps` calls ends it instead; a reply that names no choice
 (an engine that ignores response_format) is counted in unparsed_verdicts and ends the workflow.
 
@@ -34,7 +34,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from kvscope.config import WorkloadConfig
-from kvscope.workload import prompts, routing, sharing
+from kvscope.workload import decisions, prompts, sharing
 from kvscope.workload.chat import Reply, stream_chat
 from kvscope.workload.prompts import PromptInfo
 from kvscope.workload.synthetic import SyntheticPrompts
@@ -182,14 +182,14 @@ class PeerAgents:
         self, state: PeerState, cycle: int, messages: list[dict[str, str]]
     ) -> dict[str, Any]:
         """Dynamic mode's Reviewer: one structured-output call that chooses the next agent."""
-        messages = routing.reinstruct(
-            messages, prompts.instruction(REVIEWER, cycle=cycle), routing.REVIEWER_ROUTE
+        messages = decisions.reinstruct(
+            messages, prompts.instruction(REVIEWER, cycle=cycle), decisions.REVIEWER_ROUTE
         )
         reply = await self.complete(messages, choices=REVIEW_CHOICES)
         update = self._update(REVIEWER, cycle, state, reply, "review", messages)
         if reply.content is None:
             return update
-        choice = routing.parse_choice(reply.content, REVIEW_CHOICES)
+        choice = decisions.parse_choice(reply.content, REVIEW_CHOICES)
         route = dynamic_route(choice, update["calls"], self.cfg.max_steps)
         update.update(
             review=f"next: {choice}" if choice else reply.content,
@@ -207,14 +207,14 @@ class PeerAgents:
         """One streamed chat completion at temperature 0; a failure is a Reply without content.
 
         Synthetic prompts ask for exactly `synthetic.output_tokens` tokens (vLLM's ignore_eos).
-        `choices`: a routing decision, its reply constrained to one of them (routing.py).
+        `choices`: a routing decision, its reply constrained to one of them (decisions.py).
         """
         synthetic = self.synthetic is not None
         extra: dict[str, Any] = {"extra_body": {"ignore_eos": True}} if synthetic else {}
         max_tokens = self.cfg.synthetic.output_tokens if synthetic else self.cfg.max_tokens
         if choices is not None:
-            extra = {"response_format": routing.choice_format(choices)}
-            max_tokens = routing.ROUTE_MAX_TOKENS
+            extra = {"response_format": decisions.choice_format(choices)}
+            max_tokens = decisions.ROUTE_MAX_TOKENS
         return await stream_chat(self.client, self.model, messages, max_tokens, extra)
 
     def _messages(

@@ -5,7 +5,7 @@
                                             -> finish: END
 
 The supervisor's call is the routing decision: its reply is constrained by structured output to
-one of the workers that have not worked yet, or `finish` (kvscope.workload.routing), so it
+one of the workers that have not worked yet, or `finish` (kvscope.workload.decisions), so it
 parses every time and depends on the task and on the work done so far. The first `workers`
 (3..6) of supervisor_prompts.WORKERS are the team. Choosing the researcher fans out with
 LangGraph's `Send`: one parallel researcher call per (task document, focus), joined by `join`
@@ -27,7 +27,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send
 
 from kvscope.config import WorkloadConfig
-from kvscope.workload import routing
+from kvscope.workload import decisions
 from kvscope.workload import supervisor_prompts as sp
 from kvscope.workload.chat import Reply, stream_chat
 from kvscope.workload.peer import METADATA_KEY, make_tools
@@ -108,14 +108,14 @@ class SupervisorAgents:
         messages = sp.supervisor_messages(
             self.tasks.documents_for(problem), problem.question, work, self.workers, choices
         )
-        extra = {"response_format": routing.choice_format(choices)}
+        extra = {"response_format": decisions.choice_format(choices)}
         reply = await stream_chat(
-            self.client, self.model, messages, routing.ROUTE_MAX_TOKENS, extra
+            self.client, self.model, messages, decisions.ROUTE_MAX_TOKENS, extra
         )
         update = _called(SUPERVISOR, reply)
         if reply.content is None:
             return update
-        choice = routing.parse_choice(reply.content, choices)
+        choice = decisions.parse_choice(reply.content, choices)
         route = choice or FINISH
         calls = state["calls"] + 1
         if route != FINISH and calls + self.cost(route, problem) + 1 > self.cfg.max_steps:

@@ -18,7 +18,7 @@ import numpy as np
 
 from kvscope.errors import KvscopeError
 from kvscope.records.tokens import load_tokens
-from kvscope.replay.sources import Source
+from kvscope.sim.inputs.sources import Source
 
 
 def _common(source: Source, i: int) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.replay.order import EvictionOrder, LRUOrder
-from kvscope.replay.trace import Trace
+from kvscope.sim.orders.base import EvictionOrder, LRUOrder
+from kvscope.sim.trace import Trace
 
 
 class ScoreOrder(EvictionOrder):

@@ -18,8 +18,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
 
 
 class HostTier:

@@ -59,9 +59,9 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.replay.pool import event_order, harm_arrays
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.pool import event_order, harm_arrays
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
 
 RADIX_POLICIES = ("lru", "fifo", "lfu", "priority")
 _ADD1, _SUB1 = (1).__add__, (-1).__add__

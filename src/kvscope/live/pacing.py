@@ -15,7 +15,7 @@
 - `open-loop` pacing: every call fires at its recorded offset from the trace's first start,
   whatever the engine does meanwhile.
 
-`schedule(...)` returns one `Timing` per call; the executor (replay/live_run.py) waits on them.
+`schedule(...)` returns one `Timing` per call; the executor (live/run.py) waits on them.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
-from kvscope.replay.order import EvictionOrder
-from kvscope.replay.trace import Trace
+from kvscope.sim.orders.base import EvictionOrder
+from kvscope.sim.trace import Trace
 
 FAR = 1 << 30  # steps to an agent no workflow in flight can reach
 

@@ -18,10 +18,10 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.replay.order import EvictionOrder
-from kvscope.replay.result import SimResult
-from kvscope.replay.tiers import HostTier
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.host_tier import HostTier
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.orders.base import EvictionOrder
+from kvscope.sim.trace import Trace
 
 BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
 # (OPAQUE: its content is unknown to a trace, no lookup matches it)

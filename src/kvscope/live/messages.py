@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.errors import KvscopeError
+from kvscope.live.calls import LiveCall
 from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
-from kvscope.replay.live import LiveCall
 
 
 def message_calls(run_dir: Path, *, cold: bool = False) -> tuple[list[LiveCall], int]:

@@ -1,7 +1,7 @@
 """Several replicas behind a router: where each agent's calls went and what routing cost them.
 
 Pure functions over request rows (dicts with RequestRecord's keys; `replica` names the replica
-that served the call, None when unknown; `routing_miss_tokens` as finalize.routing fills it).
+that served the call, None when unknown; `routing_miss_tokens` as finalize.routing_misses fills it).
 
 - `per_agent_replica`: per (agent, replica): calls, failed, measured calls, prompt and cached
   tokens, weighted hit ratio (agents.weighted_hit_ratio: sum cached / sum prompt over measured
@@ -12,7 +12,7 @@ that served the call, None when unknown; `routing_miss_tokens` as finalize.routi
   agent on one replica scores 1 there even when workflows are spread).
 - `replica_load`: per time bucket, replica and agent: calls started and their prompt tokens.
 - `routing_by_agent` / `routing_by_transition`: routing-miss tokens (prompt tokens uncached on
-  the call's replica but cached on another at that moment, finalize.routing) summed per agent
+  the call's replica but cached on another at that moment, finalize.routing_misses) summed per agent
   and per handoff edge (previous_agent_id -> agent_id, "start" edges first), with call counts;
   sums are over measured calls with a routing-miss value and None when there is none.
 """
@@ -28,7 +28,7 @@ from kvscope.analysis.agents import agent_key, agent_order, weighted_hit_ratio
 from kvscope.records.requests import STATUS_OK, transition_label
 
 Row = dict[str, Any]
-MISS = "routing_miss_tokens"  # the per-call column finalize.routing fills
+MISS = "routing_miss_tokens"  # the per-call column finalize.routing_misses fills
 
 
 def _measured(r: Row) -> bool:

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from kvscope.analysis.agents import agent_order
-from kvscope.replay.result import SimResult
-from kvscope.replay.tiered import tier_numbers
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.results.tier_numbers import tier_numbers
+from kvscope.sim.trace import Trace
 
 NO_AGENT = "(no agent)"  # calls no agent was named for (the report's label too)
 UNKNOWN = "unknown"  # an evictor or owner the simulator could not name

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from kvscope.live.calls import LiveCall
 from kvscope.records.requests import STATUS_OK
-from kvscope.replay.live import LiveCall
-from kvscope.replay.sources import Source
-from kvscope.replay.summary import NO_AGENT
-from kvscope.replay.trace import Trace
+from kvscope.sim.inputs.sources import Source
+from kvscope.sim.results.summary import NO_AGENT
+from kvscope.sim.trace import Trace
 
 
 def subset(trace: Trace, picked: list[int]) -> Trace:
@@ -49,7 +49,7 @@ def predicted(source: Source, calls: list[LiveCall], capacity: int | None) -> di
     """The simulator's per-agent prediction for the replayed calls at `capacity` (tokens)."""
     if capacity is None:
         return {"capacity_tokens": None, "note": "the replay engine's capacity is not known"}
-    from kvscope.replay.plan import make_plan, run_plan
+    from kvscope.sim.plan import make_plan, run_plan
 
     index = {rid: i for i, rid in enumerate(source.trace.request_ids)}
     trace = subset(source.trace, [index[c.request_id] for c in calls])

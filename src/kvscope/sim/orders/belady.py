@@ -20,8 +20,8 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.replay.order import EvictionOrder
-from kvscope.replay.trace import Trace
+from kvscope.sim.orders.base import EvictionOrder
+from kvscope.sim.trace import Trace
 
 NEVER = np.iinfo(np.int64).max
 

@@ -39,8 +39,8 @@ from collections import OrderedDict, defaultdict
 
 import numpy as np
 
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
 
 
 def simulate_lru(trace: Trace, capacity_blocks: int) -> SimResult:

@@ -24,7 +24,7 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.replay.trace import Trace
+from kvscope.sim.trace import Trace
 
 
 class EvictionOrder:

@@ -6,7 +6,7 @@ is sent with the OpenAI SDK inside it, as a streamed /v1/completions request who
 call's token ids (a chat completion of its recorded messages where there are no ids),
 `max_tokens` its recorded output tokens and `ignore_eos` so that the engine decodes exactly
 that many, tagged with the call's original agent, workflow, previous agent and
-turn (probe.identity.given). When each call is sent is replay/pacing.py's business.
+turn (probe.identity.given). When each call is sent is live/pacing.py's business.
 
 run.json gets `replay_of` (the source), `replay` (pacing, cold prompts, calls) and the MLflow
 run the same as params. On a run directory the offline simulator's prediction for the replay
@@ -30,11 +30,11 @@ import openai
 from kvscope.capture import Hooks
 from kvscope.config import EngineConfig, ExperimentConfig
 from kvscope.errors import KvscopeError
+from kvscope.live.calls import LiveCall
+from kvscope.live.pacing import Timing, fire_time
 from kvscope.probe.identity import CallIdentity, given
 from kvscope.probe.tracing import truncate_param
 from kvscope.records.run_dir import RUN_JSON, read_run_json
-from kvscope.replay.live import LiveCall
-from kvscope.replay.pacing import Timing, fire_time
 
 LIVE_REPLAY_JSON = "live_replay.json"
 REQUEST_TIMEOUT_S = 600.0

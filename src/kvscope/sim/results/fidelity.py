@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.replay.result import SimResult
-from kvscope.replay.sources import Source
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.inputs.sources import Source
 
 EXACT_TARGET = 0.99
 DIFF_TARGET = 0.01

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.replay.result import SimResult
-from kvscope.replay.trace import Trace
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
 
 FIELDS = ("device_tokens", "host_tokens", "prefetched_tokens", "missed_tokens")
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvscope.replay.belady import BeladyOrder
-from kvscope.replay.order import EvictionOrder, LRUOrder
-from kvscope.replay.policies import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
-from kvscope.replay.pool import simulate_pool
-from kvscope.replay.radix import RADIX_POLICIES, simulate_radix
-from kvscope.replay.result import SimResult
-from kvscope.replay.tiers import HostTier
-from kvscope.replay.trace import Trace
-from kvscope.replay.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
+from kvscope.sim.caches.host_tier import HostTier
+from kvscope.sim.caches.pool import simulate_pool
+from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.orders.base import EvictionOrder, LRUOrder
+from kvscope.sim.orders.belady import BeladyOrder
+from kvscope.sim.orders.scored import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
+from kvscope.sim.orders.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
+from kvscope.sim.trace import Trace
 
 ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "lru": LRUOrder,

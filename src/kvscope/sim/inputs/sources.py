@@ -37,8 +37,8 @@ from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.run_dir import read_run_json
 from kvscope.records.tokens import TOKENS_JSONL, load_tokens
-from kvscope.replay.schedule import first_stores, scheduled_start, scheduled_starts
-from kvscope.replay.trace import Trace, chain_keys
+from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
+from kvscope.sim.trace import Trace, chain_keys
 
 KINDS = ("run", "mooncake", "tokens")
 

@@ -1,6 +1,6 @@
 """The calls a live replay sends: each captured call's exact prompt, output length and identity.
 
-`live_calls(source, path)` turns a loaded Source (replay/sources.py) into `LiveCall`s, in the
+`live_calls(source, path)` turns a loaded Source (sim/inputs/sources.py) into `LiveCall`s, in the
 trace's order:
 
 - a run directory: the prompt token ids the run captured (prompt_tokens.jsonl), the recorded
@@ -32,7 +32,7 @@ import numpy as np
 from kvscope.errors import KvscopeError
 from kvscope.records import requests
 from kvscope.records.tokens import load_tokens
-from kvscope.replay.sources import Source
+from kvscope.sim.inputs.sources import Source
 
 # Synthetic ids stay inside any current model's vocabulary and clear of the low special ids.
 SYNTHETIC_LOW, SYNTHETIC_HIGH = 1_000, 32_000

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvscope.errors import KvscopeError
-from kvscope.replay.fidelity import Fidelity, fidelity
-from kvscope.replay.simulate import ENGINES, POLICIES, simulate
-from kvscope.replay.sources import Source
-from kvscope.replay.summary import Summary, summarize
+from kvscope.sim.inputs.sources import Source
+from kvscope.sim.results.fidelity import Fidelity, fidelity
+from kvscope.sim.results.summary import Summary, summarize
+from kvscope.sim.simulate import ENGINES, POLICIES, simulate
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
 TRACE_DEFAULTS = ("lru", "belady")
