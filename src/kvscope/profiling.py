@@ -20,16 +20,17 @@ the same inside a running event loop; starting the engine and finalizing block t
 
 import logging
 import os
+import signal
+import subprocess
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.run import analyze_run
-from kvscope.capture import CaptureSession, Hooks
+from kvscope.capture import Hooks
 from kvscope.config import (
     AppConfig,
     EngineConfig,
@@ -41,14 +42,22 @@ from kvscope.config import (
 )
 from kvscope.engines import auth
 from kvscope.errors import ConfigError
-from kvscope.finalize import finalize
+from kvscope.pipeline import Pipeline
 from kvscope.probe.child import MODEL_ENV
 from kvscope.probe.intercept import Interceptor
-from kvscope.publish import RunOutcome, WorkloadOutcome, publish
+from kvscope.publish import RunOutcome
 from kvscope.records.requests import load_table
-from kvscope.records.status import RunStatus, write_status
 
 log = logging.getLogger(__name__)
+GRACE_S = 10.0  # after a second Ctrl-C: how long a profiled program gets before it is killed
+
+
+class ProgramFailed(Exception):
+    """The profiled program ended with a non-zero status (the run is kept, marked FAILED)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the program exited with status {code}")
+        self.code = code
 
 
 def profile_config(
@@ -101,7 +110,8 @@ def profile_config(
 
 
 class Profile:
-    """One profiled stretch of a program: a capture session from enter to exit, then its run.
+    """One profiled stretch of a program: the pipeline (pipeline.py) whose driver is the code
+    inside the block, every call of this process intercepted.
 
     `base_url`, `model`, `run_dir` and `run_id` are set once entered; `outcome` once exited."""
 
@@ -109,7 +119,8 @@ class Profile:
         if cfg.app is None:
             raise ConfigError("profile needs an `app` section (profile_config makes one)")
         self.cfg = cfg
-        self.session = CaptureSession(cfg, hooks)
+        self.pipeline = Pipeline(cfg, hooks)
+        self.session = self.pipeline.session
         self.hooks = self.session.hooks
         self.outcome: RunOutcome | None = None
         self._interceptor: Interceptor | None = None
@@ -136,12 +147,12 @@ class Profile:
         return load_table(self.run_dir)
 
     def __enter__(self) -> "Profile":
-        self.session.open()
+        self.pipeline.__enter__()
         try:
             self._interceptor = self.session.intercept().__enter__()
             self._set_env()
-        except BaseException:
-            self.session.close()
+        except BaseException as err:
+            self.pipeline.__exit__(type(err), err, err.__traceback__)
             raise
         self.hooks.on_stage("profiling")
         return self
@@ -155,8 +166,8 @@ class Profile:
         self._restore_env()
         if self._interceptor is not None:
             self._interceptor.__exit__(None, None, None)
-        self.session.close()
-        self.outcome = conclude(self.session, WorkloadOutcome(), exc, self.hooks.on_stage)
+        self.pipeline.__exit__(exc_type, exc, tb)
+        self.outcome = self.pipeline.outcome
 
     async def __aenter__(self) -> "Profile":
         return self.__enter__()
@@ -214,36 +225,67 @@ def profile(
     return Profile(cfg, Hooks(on_stage=stage))
 
 
-def conclude(
-    session: CaptureSession,
-    workload: WorkloadOutcome,
-    failure: BaseException | None,
-    on_stage: Callable[[str], None],
-) -> RunOutcome:
-    """A closed session's run directory -> tables, analysis, report, MLflow: what `kvscope run`
-    and `kvscope profile` do after the workload, also after a failure (then recorded)."""
-    on_stage("writing the request table")
-    finalize(session.run_dir, session.exported_timings())
-    rows = load_table(session.run_dir).select(["status", "end_ns"]).to_pylist()
-    death = session.engine_death
-    status = RunStatus.of(
-        rows,
-        death=None if death is None else (death.at_ns, death.reason),
-        failure=failure or session.write_error,
-        planned=workload.planned,
-        ran=workload.workflows,
-    )
-    write_status(session.run_dir, status, workload=asdict(workload))
-    analysis = analyze_run(session.run_dir)
-    return publish(
-        analysis,
-        session.tracking,
-        workload,
-        failure=failure,
-        traces=session.cfg.tracking.traces,
-        on_stage=on_stage,
-        offline=session.offline,
-    )
+@dataclass(frozen=True)
+class ProgramRun:
+    """A profiled program's run: the pipeline's outcome, the program's exit status, and the
+    engine URL it was given."""
+
+    outcome: RunOutcome
+    code: int
+    base_url: str | None
+
+
+def profile_program(
+    cfg: ExperimentConfig, command: list[str], hooks: Hooks | None = None
+) -> ProgramRun:
+    """`kvscope profile -- PROGRAM`: the pipeline whose driver is a program run to its end as a
+    child process, with kvscope's probe in every Python interpreter it starts and the engine in
+    OPENAI_BASE_URL, OPENAI_API_KEY and KVSCOPE_MODEL (probe/child.py). Its stdout, stderr and
+    exit status are its own; a non-zero status or Ctrl-C is the run's failure (what was measured
+    is kept)."""
+    pipeline = Pipeline(cfg, hooks)
+    code = 0
+    with pipeline:
+        session = pipeline.session
+        env = {**os.environ, **session.child_env()}
+        pipeline.hooks.on_stage(
+            f"running {' '.join(command)} (engine {session.base_url}, model {session.model})"
+        )
+        code, pipeline.failure = run_program(command, env)
+        if code and pipeline.failure is None:
+            pipeline.failure = ProgramFailed(code)
+    assert pipeline.outcome is not None
+    return ProgramRun(pipeline.outcome, code, pipeline.session.base_url)
+
+
+def run_program(command: list[str], env: dict[str, str]) -> tuple[int, BaseException | None]:
+    """Run the program to its end; (its exit status, the interruption if there was one). Ctrl-C
+    reaches the program (it shares the terminal's process group) and kvscope waits for it to end;
+    a second Ctrl-C stops it (terminate, then kill after GRACE_S)."""
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as err:
+        raise ConfigError(f"cannot run {command[0]}: {err.strerror or err}") from None
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt as err:  # the program got the same SIGINT: let it end
+            if interrupted is not None:  # a second Ctrl-C: stop it
+                proc.terminate()
+                try:
+                    code = proc.wait(GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    code = proc.wait()
+                break
+            interrupted = err
+    if code < 0:  # killed by a signal: the shell's convention, 128 + the signal
+        sig, code = -code, 128 - code
+        if sig == signal.SIGINT and interrupted is None:
+            interrupted = KeyboardInterrupt()
+    return code, interrupted
 
 
 def _known(value: str | None) -> str:

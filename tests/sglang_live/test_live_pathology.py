@@ -14,7 +14,7 @@ import yaml
 from helpers import Up
 from sglang_session import PATHOLOGY
 
-from kvscope.cli.replay import replay_document
+from kvscope.replaying import plan_of, replay_document
 from kvscope.sim.inputs.sources import load_source
 
 pytestmark = pytest.mark.engine
@@ -77,6 +77,7 @@ def test_evictions_agree_with_the_engines_counter(run: dict[str, Any]) -> None:
 
 def test_replay_under_lru_reproduces_the_cached_tokens(run: dict[str, Any]) -> None:
     # SGLang's radix tree, page size 1, at the run's capacity (sglang:max_total_num_tokens)
-    doc = replay_document(load_source(Path(run["dir"])), Path(run["dir"]), "lru", None)
+    source = load_source(Path(run["dir"]))
+    doc = replay_document(source, Path(run["dir"]), plan_of(source, "lru", None, None))
     assert doc["engine_policy"] == "lru" and doc["block_size"] == 1
     assert doc["fidelity"]["weighted_difference"] <= 0.01, doc["fidelity"]

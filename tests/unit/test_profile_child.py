@@ -13,13 +13,13 @@ import pytest
 import yaml
 from helpers import ROOT
 
-from kvscope.cli.profile import _default_name, _run
+from kvscope.cli.profile import _default_name
 from kvscope.config import EngineConfig
 from kvscope.errors import ConfigError
 from kvscope.probe import child
 from kvscope.probe.streams import merge_parts
 from kvscope.probe.wire import RunInfo
-from kvscope.profiling import profile_config
+from kvscope.profiling import profile_config, run_program
 from kvscope.records.base import read_jsonl
 from kvscope.records.payloads import PAYLOADS_JSONL
 from kvscope.records.requests import REQUESTS_JSONL
@@ -144,14 +144,17 @@ def test_a_probe_that_cannot_load_leaves_the_program_running(tmp_path: Path) -> 
 
 
 def test_the_programs_exit_status_passes_through() -> None:
-    assert _run([sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ)) == (3, None)
-    code, failure = _run(
+    assert run_program([sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ)) == (
+        3,
+        None,
+    )
+    code, failure = run_program(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
         dict(os.environ),
     )
     assert code == 143 and failure is None
     with pytest.raises(ConfigError, match="cannot run"):
-        _run(["/no/such/program"], dict(os.environ))
+        run_program(["/no/such/program"], dict(os.environ))
 
 
 @pytest.mark.parametrize(

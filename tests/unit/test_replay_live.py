@@ -16,7 +16,8 @@ from kvscope.live.calls import (
     mooncake_prompt,
 )
 from kvscope.live.compare import original, predicted
-from kvscope.live.run import engine_for, identity_of
+from kvscope.live.run import engine_for
+from kvscope.live.send import identity_of
 from kvscope.probe.identity import CallIdentity, given, identify
 from kvscope.records.tokens import load_tokens
 from kvscope.sim.inputs.sources import load_source

@@ -6,8 +6,9 @@ from typing import Annotated
 import typer
 
 from kvscope.cli.common import console, friendly
-from kvscope.cli.report import RUNS_DIR_OPTION, TRACKING_OPTION, resolve_run
+from kvscope.cli.report import RUNS_DIR_OPTION, TRACKING_OPTION
 from kvscope.errors import KvscopeError
+from kvscope.mlflow_runs import resolve_run
 
 RQS = (1, 2, 3, 4, 5, 6)
 PER_RUN = {

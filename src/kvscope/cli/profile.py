@@ -8,9 +8,6 @@ shares the terminal's process group); kvscope waits for it to end, then keeps wh
 """
 
 import logging
-import os
-import signal
-import subprocess
 from pathlib import Path
 from typing import Annotated
 
@@ -18,16 +15,6 @@ import typer
 
 from kvscope.cli.common import err_console, friendly
 from kvscope.errors import ConfigError
-
-GRACE_S = 10.0  # after a second Ctrl-C: how long the program gets before it is killed
-
-
-class ProgramFailed(Exception):
-    """The profiled program ended with a non-zero status (the run is kept, marked FAILED)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(f"the program exited with status {code}")
-        self.code = code
 
 
 @friendly
@@ -55,11 +42,10 @@ def profile(
     ] = False,
 ) -> None:
     """Profile an unmodified program's model calls: per agent, per transition, with provenance."""
-    from kvscope.capture import CaptureSession, Hooks  # MLflow and LangGraph load slowly
+    from kvscope.capture import Hooks  # MLflow and LangGraph load slowly
     from kvscope.cli.run import show
     from kvscope.probe.child import attached_processes
-    from kvscope.profiling import conclude, profile_config
-    from kvscope.publish import WorkloadOutcome
+    from kvscope.profiling import profile_config, profile_program
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     if not command:
@@ -69,57 +55,13 @@ def profile(
         runs_dir=runs_dir, tracking_uri=tracking_uri, cold_start=False if keep_cache else None,
         store_prompts=store_prompts,
     )  # fmt: skip
-    calls = 0
-
-    def on_call() -> None:
-        nonlocal calls
-        calls += 1
-
     stage = lambda text: err_console.print(f"[dim]kvscope: {text}[/]", highlight=False)  # noqa: E731
-    session = CaptureSession(cfg, Hooks(on_stage=stage, on_call=on_call))
-    failure: BaseException | None = None
-    code = 0
-    with session:
-        env = {**os.environ, **session.child_env()}
-        stage(f"running {' '.join(command)} (engine {session.base_url}, model {session.model})")
-        code, failure = _run(command, env)
-        if code and failure is None:
-            failure = ProgramFailed(code)
-    outcome = conclude(session, WorkloadOutcome(), failure, stage)
-    _explain_empty(
-        outcome.analysis.rows, attached_processes(session.run_dir), session.base_url, command
-    )
+    ran = profile_program(cfg, command, Hooks(on_stage=stage))
+    analysis = ran.outcome.analysis
+    _explain_empty(analysis.rows, attached_processes(analysis.run_dir), ran.base_url, command)
     with _to_stderr():
-        show(outcome, verdicts=False)
-    raise typer.Exit(code)
-
-
-def _run(command: list[str], env: dict[str, str]) -> tuple[int, BaseException | None]:
-    """Run the program to its end; (its exit status, the interruption if there was one)."""
-    try:
-        proc = subprocess.Popen(command, env=env)
-    except OSError as err:
-        raise ConfigError(f"cannot run {command[0]}: {err.strerror or err}") from None
-    interrupted: BaseException | None = None
-    while True:
-        try:
-            code = proc.wait()
-            break
-        except KeyboardInterrupt as err:  # the program got the same SIGINT: let it end
-            if interrupted is not None:  # a second Ctrl-C: stop it
-                proc.terminate()
-                try:
-                    code = proc.wait(GRACE_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    code = proc.wait()
-                break
-            interrupted = err
-    if code < 0:  # killed by a signal: the shell's convention, 128 + the signal
-        sig, code = -code, 128 - code
-        if sig == signal.SIGINT and interrupted is None:
-            interrupted = KeyboardInterrupt()
-    return code, interrupted
+        show(ran.outcome, verdicts=False)
+    raise typer.Exit(ran.code)
 
 
 def _explain_empty(

@@ -17,7 +17,6 @@ prefetch): the output then splits device hits, host hits and misses per agent.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,7 +24,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvscope.cli.common import console, friendly
-from kvscope.cli.report import TRACKING_OPTION, mlflow_run_of
+from kvscope.cli.report import TRACKING_OPTION, logged
 from kvscope.errors import KvscopeError
 
 if TYPE_CHECKING:
@@ -34,101 +33,24 @@ if TYPE_CHECKING:
 PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 
 
-def _fit(source: Source) -> dict[str, Any] | None:
-    """The run's fitted prefill cost (analysis.latency.fit_prefill_cost) as a dict, or None."""
-    if source.run_dir is None:
-        return None
-    from kvscope.analysis.latency import fit_prefill_cost
-    from kvscope.records import requests
-
-    fit = fit_prefill_cost(requests.load_table(source.run_dir))
-    return None if fit is None else asdict(fit)
-
-
-def replay_document(
-    source: Source,
-    source_path: Path,
-    policy: str | None,
-    capacity_tokens: str | None,
+def replay_with_progress(
+    source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None,
     tier: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run every policy x capacity over the loaded SOURCE (with a progress bar when long): the
-    document that replay.json holds (report.replay_section describes it). `tier`: make_plan's
-    host_tokens / prefetch / load_ms_per_block."""
-    from kvscope.sim.plan import make_plan, run_plan, split_list
+) -> dict[str, Any]:  # fmt: skip
+    """replaying.replay_document over every policy x capacity, with a progress bar when long."""
+    from kvscope.replaying import plan_of, replay_document
 
-    plan = make_plan(source, split_list(policy), split_list(capacity_tokens), **(tier or {}))
-    fit = _fit(source)
+    plan = plan_of(source, policy, capacity_tokens, tier)
     steps = len(plan.policies) * len(plan.capacities)
     show = console.is_terminal and len(source.trace) * steps > PROGRESS_AFTER
-    columns = (
-        TextColumn("replay {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
+    columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True, disable=not show) as bar:
         task = bar.add_task("", total=steps)
-        outcome = run_plan(
-            source,
-            plan,
-            fit["ms_per_token"] if fit else None,
+        return replay_document(
+            source, source_path, plan,
             lambda p, c: bar.update(task, advance=1, description=f"{p} @ {c:,}"),
-        )
-    notes = [*source.notes, *plan.notes]
-    notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
-    return {
-        "source": str(source_path),
-        "kind": source.kind,
-        "block_size": source.trace.block_size,
-        "requests": len(source.trace),
-        "engine_policy": source.policy,
-        "run_capacity_tokens": source.trace.capacity_tokens,
-        "host_tokens": plan.host_blocks * source.trace.block_size or None,
-        "prefetch": plan.prefetch,
-        "fit": fit,
-        "notes": notes,
-        "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),
-        "results": [s.to_dict() for s in outcome.summaries],
-    }
-
-
-def _export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> None:
-    """SOURCE's replayed requests as a Mooncake and/or a token-id trace (sim.inputs.convert)."""
-    from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
-
-    for path, rows in ((to_mooncake, mooncake_rows), (to_tokens, token_rows)):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_jsonl(rows(source), path)
-            console.print(f"written: {path}", highlight=False)
-
-
-def _write_run_files(run_dir: Path, doc: dict[str, Any], no_mlflow: bool, uri: str | None) -> None:
-    from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
-    from kvscope.report import plots
-    from kvscope.report.replay_section import replay_plot
-
-    files = [run_dir / REPLAY_JSON]
-    files[0].write_text(json.dumps(doc, indent=2))
-    if png := plots.write_png(
-        replay_plot(doc["results"], doc["run_capacity_tokens"]), run_dir / REPLAY_PNG
-    ):
-        files.append(png)
-    console.print(f"written: {', '.join(str(f) for f in files)}", highlight=False)
-    if no_mlflow:
-        return
-    import logging
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    try:
-        client, run_id = mlflow_run_of(run_dir, uri)
-    except KvscopeError as err:
-        console.print(f"not logged to MLflow: {err}", highlight=False)
-        return
-    for f in files:
-        client.log_artifact(run_id, str(f))
-    console.print(f"logged to MLflow run {run_id}")
+        )  # fmt: skip
 
 
 @friendly
@@ -242,19 +164,24 @@ def replay(
 
     if not console.is_terminal:
         console.width = max(console.width, 160)
+    from kvscope.replaying import export, write_replay
     from kvscope.sim.inputs.sources import load_source
 
     loaded = load_source(source, block_size)
     if to_tokens is not None and loaded.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
-    doc = replay_document(loaded, source, policy, capacity_tokens, tier)
+    doc = replay_with_progress(loaded, source, policy, capacity_tokens, tier)
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc["results"], indent=2))
         console.print(f"written: {json_out}", highlight=False)
-    _export(loaded, to_mooncake, to_tokens)
+    for path in export(loaded, to_mooncake, to_tokens):
+        console.print(f"written: {path}", highlight=False)
     if doc["kind"] == "run" and not no_write:
-        _write_run_files(source, doc, no_mlflow, tracking_uri)
+        written = write_replay(source, doc)
+        console.print(f"written: {', '.join(str(f) for f in written)}", highlight=False)
+        if not no_mlflow:
+            logged(source, written, tracking_uri)

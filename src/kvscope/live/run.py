@@ -1,17 +1,18 @@
 """`kvscope replay SOURCE --live`: send a source's calls to a real engine, as a kvscope run.
 
-The replay is a profiled run (profiling.Profile: the engine started, reused or attached to with
-a cold cache, /metrics, KV events, the request table, analysis, report.html, MLflow): every call
-is sent with the OpenAI SDK inside it, as a streamed /v1/completions request whose prompt is the
-call's token ids (a chat completion of its recorded messages where there are no ids),
-`max_tokens` its recorded output tokens and `ignore_eos` so that the engine decodes exactly
-that many, tagged with the call's original agent, workflow, previous agent and
-turn (probe.identity.given). When each call is sent is live/pacing.py's business.
+    replayed = replay_live(path, LiveSettings(pacing="session"), hooks=hooks)
+    replayed.document                       # RUN/live_replay.json: source vs replay vs prediction
 
-run.json gets `replay_of` (the source), `replay` (pacing, cold prompts, calls) and the MLflow
-run the same as params. On a run directory the offline simulator's prediction for the replay
-engine's capacity (the engine's own policy) is written beside the measurement, per agent, in
-RUN/live_replay.json (`LIVE_REPLAY_JSON`), with the source's measured numbers.
+The replay is one run of the pipeline (pipeline.py: the engine started, reused or attached to
+with a cold cache, /metrics, KV events, the request table, analysis, report.html, MLflow) whose
+driver sends the calls (live/send.py) with every call intercepted. Which calls: live/calls.py
+(a run's prompt token ids, or a trace's), or live/messages.py (a run's recorded chat messages,
+where it has no ids); when: live/pacing.py.
+
+run.json gets `replay_of` (the source) and `replay` (the settings), the MLflow run the same as
+params. RUN/live_replay.json (`LIVE_REPLAY_JSON`, live/compare.py) holds, per agent, the
+source's measured numbers, the replay's, and the offline simulator's prediction for the replay
+engine's capacity (the engine's own policy); it is logged to the run's MLflow run.
 """
 
 from __future__ import annotations
@@ -20,106 +21,144 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import openai
 
-from kvscope.capture import Hooks
-from kvscope.config import EngineConfig, ExperimentConfig
+from kvscope import pipeline
+from kvscope.capture import CaptureSession, Hooks
+from kvscope.config import EngineConfig
+from kvscope.engines import auth
 from kvscope.errors import KvscopeError
 from kvscope.live.calls import LiveCall
-from kvscope.live.pacing import Timing, fire_time
-from kvscope.probe.identity import CallIdentity, given
+from kvscope.live.pacing import Timing
+from kvscope.live.send import REQUEST_TIMEOUT_S, send_calls
 from kvscope.probe.tracing import truncate_param
+from kvscope.publish import RunOutcome, WorkloadOutcome
 from kvscope.records.run_dir import RUN_JSON, read_run_json
 
 LIVE_REPLAY_JSON = "live_replay.json"
-REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
-class Sent:
-    """What happened to one sent call (the row itself is the capture's)."""
+class LiveSettings:
+    """What `kvscope replay --live` was asked for (besides the source)."""
 
-    index: int
-    sent_s: float  # seconds after the replay began
-    done_s: float
-    error_type: str | None
-
-
-async def send_calls(
-    client: openai.AsyncOpenAI,
-    model: str,
-    calls: list[LiveCall],
-    timings: list[Timing],
-    on_done: Callable[[Sent], None] = lambda _: None,
-) -> list[Sent]:
-    """Send every call when its Timing says (a failed call still completes: its successors go
-    on); the result in index order."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    done: dict[int, asyncio.Event] = {c.index: asyncio.Event() for c in calls}
-    completed: dict[int, float] = {}
-    out: dict[int, Sent] = {}
-
-    async def one(call: LiveCall, timing: Timing) -> None:
-        for j, _ in timing.after:
-            await done[j].wait()
-        delay = fire_time(timing, began, completed) - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent = loop.time()
-        with given(identity_of(call)):
-            error = await complete(client, model, call)
-        completed[call.index] = loop.time()
-        out[call.index] = Sent(call.index, sent - began, completed[call.index] - began, error)
-        done[call.index].set()
-        on_done(out[call.index])
-
-    async with asyncio.TaskGroup() as group:
-        for call, timing in zip(calls, timings, strict=True):
-            group.create_task(one(call, timing))
-    return [out[c.index] for c in calls]
+    block_size: int | None = None  # a trace's tokens per block (a run: its engine's)
+    engine: Path | None = None  # an engine YAML; None: the source run's own engine
+    attach: str | None = None  # the base URL of a running engine
+    pacing: str = "session"  # live/pacing.py
+    cold_prompts: bool = False  # a unique first block per call (no reuse)
+    capacity_tokens: int | None = None  # the replay engine's KV capacity
+    limit_workflows: int | None = None  # only the first N workflows
+    runs_dir: Path | None = None
+    tracking_uri: str | None = None
 
 
-def identity_of(call: LiveCall) -> CallIdentity:
-    """The row identity of a replayed call: its original agent, workflow and transition."""
-    return CallIdentity(
-        agent_id=call.agent,
-        graph_node=call.agent,
-        thread_id=call.workflow,
-        workflow_run_id=call.workflow,
-        turn_id=call.turn,
-        previous_agent_id=call.previous_agent,
-    )
+@dataclass(frozen=True)
+class LiveReplay:
+    """A finished live replay: its run, its document (live_replay.json) and what was left out."""
+
+    outcome: RunOutcome
+    document: dict[str, Any]
+    skipped: int = 0  # calls without token ids or stored messages
+    notes: list[str] = field(default_factory=list)  # what could not be done (MLflow logging)
 
 
-async def complete(client: openai.AsyncOpenAI, model: str, call: LiveCall) -> str | None:
-    """One streamed token-id completion (a chat completion of the recorded messages, for a call
-    that has them); the error type of a failed one (the capture writes its row either way)."""
-    common: dict[str, Any] = {
-        "model": model,
-        "max_tokens": call.max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "extra_body": {"ignore_eos": True},
+def replay_live(
+    source_path: Path, settings: LiveSettings, hooks: Hooks | None = None
+) -> LiveReplay:
+    """Replay SOURCE's calls live as a kvscope run; see the module docstring."""
+    from kvscope.live.calls import limit_workflows, live_calls
+    from kvscope.live.compare import live_document, predicted
+    from kvscope.live.pacing import check_pacing, schedule
+    from kvscope.profiling import profile_config
+    from kvscope.records.tokens import has_tokens
+    from kvscope.sim.inputs.sources import Source, load_source
+
+    hooks = hooks or Hooks()
+    check_pacing(settings.pacing)
+    if settings.engine is not None and settings.attach is not None:
+        raise KvscopeError("--live: give --engine or --attach, not both")
+    source: Source | None = None
+    skipped = 0
+    if source_path.is_dir() and not has_tokens(source_path):
+        from kvscope.live.messages import message_calls
+
+        every, skipped = message_calls(source_path, cold=settings.cold_prompts)
+        run_dir: Path | None = source_path
+    else:
+        source = load_source(source_path, settings.block_size)
+        every = live_calls(source, source_path, cold=settings.cold_prompts)
+        run_dir = source.run_dir
+    calls = limit_workflows(every, settings.limit_workflows)
+    timings = schedule(settings.pacing, [c.workflow for c in calls],
+                       [c.start_s for c in calls], [c.end_s for c in calls])  # fmt: skip
+    engine = engine_for(run_dir, settings.engine, settings.attach, settings.capacity_tokens)
+    cfg = profile_config(
+        f"replay-{_source_name(source_path)}", engine, settings.attach,
+        runs_dir=settings.runs_dir, tracking_uri=settings.tracking_uri,
+    )  # fmt: skip
+    recorded = {
+        "source": str(source_path.resolve()),
+        "source_kind": source.kind if source is not None else "run (messages)",
+        "source_run_id": read_run_json(run_dir).get("benchmark_run_id") if run_dir else None,
+        "pacing": settings.pacing,
+        "cold_prompts": settings.cold_prompts,
+        "calls": len(calls),
+        "limit_workflows": settings.limit_workflows,
     }
+
+    def drive(session: CaptureSession) -> WorkloadOutcome:
+        _mark(session, source_path.resolve(), recorded)
+        hooks.on_stage(f"replaying {len(calls)} calls ({settings.pacing} pacing)")
+        t0 = time.monotonic()
+        with session.intercept():
+            asyncio.run(_send(session, calls, timings))
+        hooks.on_stage(f"replayed in {time.monotonic() - t0:.1f} s")
+        return WorkloadOutcome()
+
+    outcome = pipeline.run(cfg, drive, hooks)
+    analysis = outcome.analysis
+    harmful = None
+    if analysis.blocks is not None:
+        from kvscope.analysis.evictions import summary as eviction_summary
+
+        harmful = eviction_summary(analysis.blocks)["harmful_evictions"]
+    prediction = (
+        predicted(source, calls, analysis.kv_capacity)
+        if source is not None and not settings.cold_prompts
+        else {}
+    )
+    doc = live_document(calls, recorded, analysis.requests, prediction, harmful)
+    path = analysis.run_dir / LIVE_REPLAY_JSON
+    path.write_text(json.dumps(doc, indent=2))
+    return LiveReplay(outcome, doc, skipped, _log(outcome, path))
+
+
+async def _send(session: CaptureSession, calls: list[LiveCall], timings: list[Timing]) -> None:
+    assert session.base_url is not None and session.model is not None
+    key = auth.api_key(session.cfg.engine.api_key_env) or os.environ.get("OPENAI_API_KEY")
+    async with openai.AsyncOpenAI(
+        base_url=session.base_url, api_key=key or "EMPTY", max_retries=0,
+        timeout=REQUEST_TIMEOUT_S,
+    ) as client:  # fmt: skip
+        await send_calls(client, session.model, calls, timings)
+
+
+def _log(outcome: RunOutcome, path: Path) -> list[str]:
+    """Add live_replay.json to the run's MLflow run; why it could not be, if it could not."""
+    if not (outcome.mlflow_run_id and outcome.tracking_uri):
+        return []
     try:
-        if call.messages is not None:
-            chat = await client.chat.completions.create(messages=list(call.messages), **common)
-            async for _ in chat:
-                pass
-        else:
-            stream = await client.completions.create(prompt=list(call.prompt_ids), **common)
-            async for _ in stream:
-                pass
-    except (openai.APIError, ValueError) as err:
-        return type(err).__name__
-    return None
+        from mlflow import MlflowClient
+
+        MlflowClient(outcome.tracking_uri).log_artifact(outcome.mlflow_run_id, str(path))
+    except Exception as err:
+        return [f"{path.name} not logged to MLflow: {err}"]
+    return []
 
 
 def engine_for(
@@ -162,45 +201,19 @@ def _free_ports() -> dict[str, int]:
     return {"port": ports[0], "kv_events_port": ports[1]}
 
 
-def run_live(
-    cfg: ExperimentConfig,
-    source_path: Path,
-    calls: list[LiveCall],
-    timings: list[Timing],
-    settings: dict[str, Any],
-    hooks: Hooks,
-) -> tuple[Any, list[Sent]]:
-    """Profile the replay: (profiling.Profile's outcome, what was sent)."""
-    from kvscope.profiling import Profile
-
-    prof = Profile(cfg, hooks)
-    sent: list[Sent] = []
-    with prof:
-        _mark(prof, source_path, settings)
-        hooks.on_stage(f"replaying {len(calls)} calls ({settings['pacing']} pacing)")
-        key = os.environ.get("OPENAI_API_KEY") or "EMPTY"
-
-        async def go() -> list[Sent]:
-            async with openai.AsyncOpenAI(
-                base_url=prof.base_url, api_key=key, max_retries=0, timeout=REQUEST_TIMEOUT_S
-            ) as client:
-                return await send_calls(client, prof.model, calls, timings, lambda _: None)
-
-        t0 = time.monotonic()
-        sent = asyncio.run(go())
-        hooks.on_stage(f"replayed in {time.monotonic() - t0:.1f} s")
-    return prof.outcome, sent
-
-
-def _mark(prof: Any, source_path: Path, settings: dict[str, Any]) -> None:
+def _mark(session: CaptureSession, source_path: Path, settings: dict[str, Any]) -> None:
     """run.json's replay_of / replay, and the same as MLflow params, while the run is open."""
-    run_dir = prof.run_dir
+    run_dir = session.run_dir
     info = read_run_json(run_dir)
     info["replay_of"] = str(source_path)
     info["replay"] = settings
     (run_dir / RUN_JSON).write_text(json.dumps(info, indent=2, default=str))
-    tracking = prof.session.tracking
+    tracking = session.tracking
     if tracking is not None and tracking.run_id is not None:
         params = {"replay_of": str(source_path)} | {f"replay_{k}": v for k, v in settings.items()}
         for k, v in params.items():
             tracking.client.log_param(tracking.run_id, k, truncate_param(str(v)))
+
+
+def _source_name(path: Path) -> str:
+    return (path.name if path.is_dir() else path.stem) or "source"

@@ -1,0 +1,97 @@
+"""`kvscope replay SOURCE` as functions: the simulator's results for a source, and the files
+they are kept in. The CLI (cli/replay.py) parses, shows progress and prints; nothing else.
+
+    source = load_source(path, block_size)                      # sim.inputs.sources
+    doc = replay_document(source, path, "lru,belady", "4096")   # replay.json's document
+    written = write_replay(source.run_dir, doc)                 # RUN/replay.json, RUN/replay.png
+    exported = export(source, to_mooncake=..., to_tokens=...)   # the trace formats
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvscope.errors import KvscopeError
+from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
+from kvscope.sim.inputs.sources import Source
+from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
+
+
+def fitted_cost(source: Source) -> dict[str, Any] | None:
+    """The run's fitted prefill cost (analysis.latency.fit_prefill_cost) as a dict, or None."""
+    if source.run_dir is None:
+        return None
+    from kvscope.analysis.latency import fit_prefill_cost
+    from kvscope.records import requests
+
+    fit = fit_prefill_cost(requests.load_table(source.run_dir))
+    return None if fit is None else asdict(fit)
+
+
+def plan_of(
+    source: Source, policy: str | None, capacity_tokens: str | None, tier: dict[str, Any] | None
+) -> Plan:
+    """Which policies at which capacities (comma-separated; None: the defaults). `tier`:
+    make_plan's host_tokens / prefetch / load_ms_per_block."""
+    return make_plan(source, split_list(policy), split_list(capacity_tokens), **(tier or {}))
+
+
+def replay_document(
+    source: Source,
+    source_path: Path,
+    plan: Plan,
+    on_step: Callable[[str, int], None] = lambda _p, _c: None,
+) -> dict[str, Any]:
+    """Run every policy x capacity of `plan` over the loaded source: the document replay.json
+    holds (report.replay_section describes it). `on_step(policy, capacity)` after each."""
+    fit = fitted_cost(source)
+    outcome = run_plan(source, plan, fit["ms_per_token"] if fit else None, on_step)
+    notes = [*source.notes, *plan.notes]
+    notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
+    return {
+        "source": str(source_path),
+        "kind": source.kind,
+        "block_size": source.trace.block_size,
+        "requests": len(source.trace),
+        "engine_policy": source.policy,
+        "run_capacity_tokens": source.trace.capacity_tokens,
+        "host_tokens": plan.host_blocks * source.trace.block_size or None,
+        "prefetch": plan.prefetch,
+        "fit": fit,
+        "notes": notes,
+        "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),
+        "results": [s.to_dict() for s in outcome.summaries],
+    }
+
+
+def write_replay(run_dir: Path, doc: dict[str, Any]) -> list[Path]:
+    """RUN/replay.json and RUN/replay.png (its hit ratio vs capacity; left out when it cannot be
+    drawn): the files written."""
+    from kvscope.report import plots
+    from kvscope.report.replay_section import replay_plot
+
+    written = [run_dir / REPLAY_JSON]
+    written[0].write_text(json.dumps(doc, indent=2))
+    if png := plots.write_png(
+        replay_plot(doc["results"], doc["run_capacity_tokens"]), run_dir / REPLAY_PNG
+    ):
+        written.append(png)
+    return written
+
+
+def export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> list[Path]:
+    """The source's replayed requests as a Mooncake and/or a token-id trace (sim.inputs.convert;
+    replaying those gives the same results): the files written."""
+    from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
+
+    if to_tokens is not None and source.run_dir is None:
+        raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
+    written = []
+    for path, rows in ((to_mooncake, mooncake_rows), (to_tokens, token_rows)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl(rows(source), path)
+            written.append(path)
+    return written
