@@ -35,6 +35,7 @@ from mlflow import MlflowClient
 from mlflow.entities import LiveSpan, SpanStatus, SpanStatusCode, SpanType
 
 from kvscope.probe.span_attributes import TOKEN_USAGE_KEY, llm_attributes, token_usage
+from kvscope.records.base import Row
 from kvscope.records.payloads import CallPayload, load_payloads
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.tools import ToolCall, load_tools
@@ -48,8 +49,6 @@ _LINKS_PER_CALL = 100  # MlflowClient.link_traces_to_run's limit
 # Spans ended between two drains of MLflow's export pipeline: half OTel's BatchSpanProcessor
 # queue (2,048 spans, dropped silently when full; see Pace).
 SPANS_IN_FLIGHT = 1024
-
-Row = Mapping[str, Any]
 
 
 @dataclass

@@ -6,12 +6,13 @@ import pytest
 
 from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig, parse_experiment
 from kvscope.engines import deployment, router, sglang_router
+from kvscope.engines.router_flags import Replica
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import ConfigError
 
 REPLICAS = [
-    router.Replica("r0", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"),
-    router.Replica("r1", "http://127.0.0.1:8010", "tcp://127.0.0.1:5567", "tcp://127.0.0.1:5568"),
+    Replica("r0", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"),
+    Replica("r1", "http://127.0.0.1:8010", "tcp://127.0.0.1:5567", "tcp://127.0.0.1:5568"),
 ]
 
 
@@ -61,7 +62,7 @@ def test_kv_aware_without_events_or_block_size_is_refused() -> None:
     with pytest.raises(ConfigError, match="block size"):
         router.launch(cfg, REPLICAS, program="vr")
     with pytest.raises(ConfigError, match="missing events: r1"):
-        router.launch(cfg, [REPLICAS[0], router.Replica("r1", "http://x:1")], block_size=16,
+        router.launch(cfg, [REPLICAS[0], Replica("r1", "http://x:1")], block_size=16,
                       program="vr")  # fmt: skip
 
 

@@ -34,8 +34,8 @@ from itertools import pairwise
 from typing import Any
 
 from kvscope.analysis.agents import AgentOrder, agent_key, agent_order, percentile
+from kvscope.records.base import Row
 
-Row = dict[str, Any]
 START = "start"
 ALL = "all"
 AHEAD = (1, 2, 3)

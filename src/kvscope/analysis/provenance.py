@@ -1,11 +1,9 @@
 """Level 3 per agent: where each agent's prompt tokens came from (finalize fills the columns)."""
 
 from collections.abc import Sequence
-from typing import Any
 
+from kvscope.records.base import Row
 from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
-
-Row = dict[str, Any]
 
 
 def by_agent(rows: Sequence[Row]) -> dict[str, dict[str, int]]:

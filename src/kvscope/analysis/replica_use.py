@@ -25,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 
 from kvscope.analysis.agents import agent_key, agent_order, weighted_hit_ratio
+from kvscope.records.base import Row
 from kvscope.records.requests import STATUS_OK, transition_label
 
-Row = dict[str, Any]
 MISS = "routing_miss_tokens"  # the per-call column finalize.routing_misses fills
 
 

@@ -28,12 +28,11 @@ from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.series import counter_delta
 from kvscope.errors import KvscopeError
 from kvscope.records import metrics, requests
+from kvscope.records.base import Row
 from kvscope.records.blocks import load_table as load_blocks
 from kvscope.records.finalized import Finalized, KvReport
 from kvscope.records.metrics import ScrapeSummary, Series
 from kvscope.records.run_dir import read_run_json
-
-Row = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import Any
 from kvscope.analysis.reconcile import Reconciliation, counter_values, reconcile
 from kvscope.collect.series import counter_delta
 from kvscope.records import metrics
+from kvscope.records.base import Row
 from kvscope.records.metrics import ScrapeSummary, Series
 from kvscope.records.run_dir import replica_dirs
 
-Row = dict[str, Any]
 _LEVELS = (
     "kv_used_tokens", "kv_evictable_tokens", "kv_usage", "running_requests", "queued_requests",
 )  # fmt: skip

@@ -27,6 +27,7 @@ from kvscope.config import DeploymentConfig, EngineConfig
 from kvscope.engines import make_engine, runtime
 from kvscope.engines import router as launcher
 from kvscope.engines.base import REQUEST_ID_HEADER, Engine
+from kvscope.engines.router_flags import Replica
 from kvscope.engines.vllm import BLOCK_SIZE, VllmEngine
 from kvscope.records import run_dir as files
 
@@ -82,7 +83,7 @@ def router_replicas(deployment: DeploymentConfig, engines: list[Engine]) -> list
     out = []
     for name, e in zip(deployment.replica_names(), engines, strict=True):
         ep = e.endpoints()
-        out.append(launcher.Replica(name, ep.base_url, ep.kv_events, ep.kv_events_replay))
+        out.append(Replica(name, ep.base_url, ep.kv_events, ep.kv_events_replay))
     return out
 
 

@@ -26,17 +26,8 @@ from kvscope.config import RouterConfig
 from kvscope.engines import router_flags, sglang_router, vllm_router
 from kvscope.engines.base import Launch
 from kvscope.engines.process import ServerProcess, require_free_port, tail
+from kvscope.engines.router_flags import Replica
 from kvscope.errors import ConfigError, EngineError, EngineNotInstalled, EngineStartError
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One replica as the router and kvscope see it."""
-
-    name: str  # r0, r1, ... (the `replica` column)
-    base_url: str
-    kv_events: str | None = None  # ZMQ endpoint a subscriber connects to
-    kv_events_replay: str | None = None
 
 
 class RouterProgram(Protocol):

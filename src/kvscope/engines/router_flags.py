@@ -1,18 +1,26 @@
-"""The flags both routers take under the same names (sglang-router's CLI and vllm-router's, its
-fork), written once; engines/vllm_router.py and engines/sglang_router.py add their own."""
+"""What both routers share: a replica as they see it, and the flags they take under the same
+names (sglang-router's CLI and vllm-router's, its fork), written once; engines/vllm_router.py
+and engines/sglang_router.py add their own, engines/router.py launches them."""
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from kvscope.config import RouterConfig
 from kvscope.config_deployment import CACHE_AWARE_KNOBS
 from kvscope.engines.base import REQUEST_ID_HEADER
 
-if TYPE_CHECKING:
-    from kvscope.engines.router import Replica
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica as the router and kvscope see it."""
+
+    name: str  # r0, r1, ... (the `replica` column)
+    base_url: str
+    kv_events: str | None = None  # ZMQ endpoint a subscriber connects to
+    kv_events_replay: str | None = None
 
 
-def shared(config: RouterConfig, replicas: "Sequence[Replica]") -> list[str]:
+def shared(config: RouterConfig, replicas: Sequence[Replica]) -> list[str]:
     """Where it listens (its /metrics too), its policy and workers, the header that names a
     call across the hop, and how long it waits for the workers."""
     return [

@@ -101,13 +101,11 @@ tests/fixtures/sglang-0.5.23/router/, see its README):
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvscope.config import RouterConfig
 from kvscope.engines import router_flags
-
-if TYPE_CHECKING:
-    from kvscope.engines.router import Replica
+from kvscope.engines.router_flags import Replica
 
 PACKAGE = "sglang-router"
 VERSION = "0.3.2"  # the version the flags and behaviour above were read from
@@ -120,7 +118,7 @@ SHUTDOWN_GRACE_S = 10
 
 
 def arguments(
-    config: RouterConfig, replicas: "Sequence[Replica]", block_size: int | None, model: str | None
+    config: RouterConfig, replicas: Sequence[Replica], block_size: int | None, model: str | None
 ) -> list[str]:
     """The `launch` subcommand and its flags (extra_args not included). The router hashes no
     KV events: block size and model are not used."""

@@ -50,14 +50,12 @@ free after the stop, 78 s in all):
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvscope.config import RouterConfig
 from kvscope.engines import router_flags
+from kvscope.engines.router_flags import Replica
 from kvscope.errors import ConfigError
-
-if TYPE_CHECKING:
-    from kvscope.engines.router import Replica
 
 PACKAGE = "vllm-router"
 VERSION = "0.1.17"  # the version the flags above were read from
@@ -68,7 +66,7 @@ WORKERS_PATH: str | None = None  # nothing more to wait for once /health answers
 
 
 def arguments(
-    config: RouterConfig, replicas: "Sequence[Replica]", block_size: int | None, model: str | None
+    config: RouterConfig, replicas: Sequence[Replica], block_size: int | None, model: str | None
 ) -> list[str]:
     """The flags after the program (extra_args not included). kv_aware needs every replica's KV
     event endpoint and the engine's block size."""

@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from kvscope.records.base import Row
 from kvscope.records.blocks import BLOCKS_SCHEMA
 from kvscope.records.requests import transition_label
-
-Row = Mapping[str, Any]
 
 REMOVALS = (None, "evicted", "cleared")  # LifeColumns.removal codes 0, 1, 2
 STILL_CACHED, EVICTED, CLEARED = range(3)

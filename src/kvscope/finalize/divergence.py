@@ -8,7 +8,6 @@ reuse the prompt layout allows, whatever the cache does.
 
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -16,8 +15,8 @@ from kvscope.finalize import heaptrim
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.lcp import Pieces
 from kvscope.finalize.prompts import Prompts, as_prompts
+from kvscope.records.base import Row
 
-Row = dict[str, Any]
 COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "max_reusable_tokens")
 
 

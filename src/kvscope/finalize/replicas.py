@@ -27,13 +27,12 @@ sglang-router (the session_id is dropped with the body); `from_kv_events` gives 
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import orjson
 
 from kvscope.engines.base import REQUEST_ID_HEADER
+from kvscope.records.base import Row
 
-Row = dict[str, Any]
 ADDED = re.compile(r"Added request (\S+?)\.?\s*$", re.MULTILINE)
 SGLANG_EVENTS = ('"request.received"', '"request.finished"')  # the lines that name a request
 Seen = Mapping[str, str | None]  # one SGLang replica's rid -> the x-request-id it logged

@@ -16,15 +16,14 @@ are given (no other replica to miss).
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvscope.finalize import keylives, piecehash
 from kvscope.finalize.keylives import KeyLives
 from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
 from kvscope.finalize.provenance import BlockLife, Ledger, admitted_ns
+from kvscope.records.base import Row
 from kvscope.records.requests import STATUS_OK
 
-Row = dict[str, Any]
 COLUMNS = ("routing_miss_tokens", "routing_miss_replica")
 
 

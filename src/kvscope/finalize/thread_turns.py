@@ -9,9 +9,8 @@ no turn (null). Invocations that made no model call are not rows, so they are no
 """
 
 from collections.abc import Sequence
-from typing import Any
 
-Row = dict[str, Any]
+from kvscope.records.base import Row
 
 
 def with_thread_turns(rows: Sequence[Row]) -> list[Row]:

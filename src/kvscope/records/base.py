@@ -18,6 +18,9 @@ import pyarrow as pa
 from kvscope.errors import WriteError
 
 
+Row = dict[str, Any]  # one row of a table as a dict (a request, a block life, a sample)
+
+
 class Record(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 

@@ -8,17 +8,16 @@ replica started over time.
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 import matplotlib.pyplot as plt
 import pyarrow as pa
 
 from kvscope.analysis import replica_use
 from kvscope.analysis.run import RunAnalysis
+from kvscope.records.base import Row
 from kvscope.report.plots import data_uri
 from kvscope.report.table import Column, Section, table
 
-Row = dict[str, Any]
 BUCKETS = 30  # time buckets of the load figure
 
 PER_REPLICA = (
