@@ -19,6 +19,7 @@ Blocks are ints in [0, capacity). Hooks that a policy does not need are no-ops h
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
 from itertools import repeat
 
@@ -89,3 +90,55 @@ class LRUOrder(EvictionOrder):
 
     def __len__(self) -> int:
         return len(self._q)
+
+
+class KeyedHeapOrder(EvictionOrder):
+    """An order kept as a heap of int keys, smallest evicted first, with lazy deletion.
+
+    A block's key ends in the block itself (its low `bits` bits: blocks < 2**bits), so a popped
+    key names its block; `_key[b]` is b's live key (-1: not evictable), and a popped key that is
+    not the live one is stale and skipped. Subclasses make the keys: `keyed(blocks, keys)` puts
+    released blocks in, `touched` takes them out.
+    """
+
+    def reset(self, capacity: int) -> None:
+        self._bb = max(capacity - 1, 1).bit_length()
+        self._mask = (1 << self._bb) - 1
+        self._key: list[int] = [-1] * capacity  # live key per block; -1: not evictable
+        self._heap: list[int] = []
+        self._live = 0
+
+    def touched(self, i: int, blocks: list[int]) -> None:
+        key = self._key
+        was = list(map(key.__getitem__, blocks))
+        self._live -= len(was) - was.count(-1)
+        deque(map(key.__setitem__, blocks, repeat(-1)), maxlen=0)
+
+    def keyed(self, blocks: list[int], keys: list[int]) -> None:
+        """`blocks` become evictable under `keys` (each ending in its block)."""
+        key, heap = self._key, self._heap
+        deque(map(key.__setitem__, blocks, keys), maxlen=0)
+        deque(map(heapq.heappush, repeat(heap), keys), maxlen=0)
+        self._live += len(blocks)
+        if len(heap) > 2 * self._live + 1024:  # drop stale entries
+            mask = self._mask
+            self._heap = [k for k in heap if key[k & mask] == k]
+            heapq.heapify(self._heap)
+
+    def pop(self) -> int:
+        return self.pop_many(1)[0]
+
+    def pop_many(self, m: int) -> list[int]:
+        heap, key, mask, pop = self._heap, self._key, self._mask, heapq.heappop
+        out: list[int] = []
+        while len(out) < m:
+            k = pop(heap)
+            b = k & mask
+            if key[b] == k:
+                key[b] = -1
+                out.append(b)
+        self._live -= m
+        return out
+
+    def __len__(self) -> int:
+        return self._live

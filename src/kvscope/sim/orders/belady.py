@@ -14,13 +14,9 @@ earlier blocks) and pinned blocks it is the classic upper-bound heuristic, not a
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from itertools import repeat
-
 import numpy as np
 
-from kvscope.sim.orders.base import EvictionOrder
+from kvscope.sim.orders.base import KeyedHeapOrder
 from kvscope.sim.trace import Trace
 
 NEVER = np.iinfo(np.int64).max
@@ -52,7 +48,7 @@ def next_use(trace: Trace, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return nxt, nrank
 
 
-class BeladyOrder(EvictionOrder):
+class BeladyOrder(KeyedHeapOrder):
     """Evict the block whose key is next used farthest ahead; ties: the deeper block of its
     chain first (evicting a chain's head wastes the blocks after it), then by block id.
 
@@ -70,7 +66,7 @@ class BeladyOrder(EvictionOrder):
         self._offsets = trace.offsets
         n = len(trace)
         longest = int(np.diff(trace.offsets).max(initial=0)) + 1
-        self._bb = max(capacity - 1, 1).bit_length()
+        self.reset(capacity)
         self._bj = max(longest, 1).bit_length()
         self._top = n + 2  # far = top - next rank: smaller is evicted first; NEVER -> 0
         self._jmax = (1 << self._bj) - 1
@@ -90,9 +86,6 @@ class BeladyOrder(EvictionOrder):
         del far, depth
         self._static = np.append(static, 0)
         self._pos = np.full(capacity, -1, dtype=np.int64)  # flat position of the last use
-        self._key: list[int] = [-1] * capacity  # live entry per block; -1: not evictable
-        self._heap: list[int] = []
-        self._live = 0
         self._now = -1
 
     def start(self, i: int) -> None:
@@ -101,10 +94,7 @@ class BeladyOrder(EvictionOrder):
     def touched(self, i: int, blocks: list[int]) -> None:
         o = int(self._offsets[i])
         self._pos[blocks] = np.arange(o, o + len(blocks))
-        key = self._key
-        was = list(map(key.__getitem__, blocks))
-        self._live -= len(was) - was.count(-1)
-        deque(map(key.__setitem__, blocks, repeat(-1)), maxlen=0)
+        super().touched(i, blocks)
 
     def stored(self, i: int, blocks: list[int], j0: int) -> None:
         o = int(self._offsets[i]) + j0
@@ -129,30 +119,4 @@ class BeladyOrder(EvictionOrder):
             far = 0 if p < 0 else int(self._static[p]) >> self._shift
             keys_a[k] = (far << self._shift) | (int(high[k]) & ((1 << self._shift) - 1))
             keys_a[k] |= blocks[k]
-        keys = keys_a.tolist()
-        key, heap = self._key, self._heap
-        deque(map(key.__setitem__, blocks, keys), maxlen=0)
-        deque(map(heapq.heappush, repeat(heap), keys), maxlen=0)
-        self._live += len(blocks)
-        if len(heap) > 2 * self._live + 1024:  # drop stale entries
-            mask = (1 << self._bb) - 1
-            self._heap = [k for k in heap if key[k & mask] == k]
-            heapq.heapify(self._heap)
-
-    def pop(self) -> int:
-        return self.pop_many(1)[0]
-
-    def pop_many(self, m: int) -> list[int]:
-        heap, key, mask, pop = self._heap, self._key, (1 << self._bb) - 1, heapq.heappop
-        out: list[int] = []
-        while len(out) < m:
-            k = pop(heap)
-            b = k & mask
-            if key[b] == k:
-                key[b] = -1
-                out.append(b)
-        self._live -= m
-        return out
-
-    def __len__(self) -> int:
-        return self._live
+        self.keyed(blocks, keys_a.tolist())

@@ -12,18 +12,16 @@ when they outnumber the live ones.
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 
 import numpy as np
 
-from kvscope.sim.orders.base import EvictionOrder, LRUOrder
+from kvscope.sim.orders.base import EvictionOrder, KeyedHeapOrder, LRUOrder
 from kvscope.sim.trace import Trace
 
 
-class ScoreOrder(EvictionOrder):
+class ScoreOrder(KeyedHeapOrder):
     """Evict the evictable block with the smallest score; ties: least recently released.
 
     Subclasses define `scores(blocks)`: a non-negative int64 array, one per block.
@@ -35,26 +33,16 @@ class ScoreOrder(EvictionOrder):
     def bind(self, trace: Trace, capacity: int, rank: np.ndarray) -> None:
         computed = trace.prompt_tokens + trace.output_tokens - 1
         ticks = int((-(-computed // trace.block_size)).sum()) + 1  # releases, at most
-        self._bb = max(capacity - 1, 1).bit_length()
+        self.reset(capacity)
         self._bt = ticks.bit_length()
         self._low = self._bt + self._bb
-        self._mask = (1 << self._bb) - 1
-        self._key: list[int] = [-1] * capacity  # live entry per block; -1: not evictable
-        self._heap: list[int] = []
-        self._live = 0
         self._tick = 0
 
     def scores(self, blocks: list[int]) -> np.ndarray:
         raise NotImplementedError
 
-    def touched(self, i: int, blocks: list[int]) -> None:
-        key = self._key
-        was = list(map(key.__getitem__, blocks))
-        self._live -= len(was) - was.count(-1)
-        deque(map(key.__setitem__, blocks, repeat(-1)), maxlen=0)
-
     def released(self, i: int, blocks: list[int]) -> None:
-        t, n, heap, key = self._tick, len(blocks), self._heap, self._key
+        t, n = self._tick, len(blocks)
         sc = self.scores(blocks)
         ticks = np.arange(t + 1, t + n + 1, dtype=np.int64)
         if int(sc.max()) < 1 << max(self.int_bits - self._low, 0):
@@ -64,32 +52,8 @@ class ScoreOrder(EvictionOrder):
                 (s << self._low) | (k << self._bb) | b
                 for s, k, b in zip(sc.tolist(), ticks.tolist(), blocks, strict=True)
             ]
-        deque(map(key.__setitem__, blocks, keys), maxlen=0)
-        deque(map(heapq.heappush, repeat(heap), keys), maxlen=0)
+        self.keyed(blocks, keys)
         self._tick = t + n
-        self._live += n
-        if len(heap) > 2 * self._live + 1024:  # drop stale entries
-            mask = self._mask
-            self._heap = [k for k in heap if key[k & mask] == k]
-            heapq.heapify(self._heap)
-
-    def pop(self) -> int:
-        return self.pop_many(1)[0]
-
-    def pop_many(self, m: int) -> list[int]:
-        heap, key, mask, pop = self._heap, self._key, self._mask, heapq.heappop
-        out: list[int] = []
-        while len(out) < m:
-            k = pop(heap)
-            b = k & mask
-            if key[b] == k:
-                key[b] = -1
-                out.append(b)
-        self._live -= m
-        return out
-
-    def __len__(self) -> int:
-        return self._live
 
 
 class FIFOOrder(ScoreOrder):
