@@ -25,8 +25,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pyarrow as pa
 
@@ -60,18 +59,24 @@ class ProgramFailed(Exception):
         self.code = code
 
 
+class ProfileOptions(TypedDict, total=False):
+    """What a profile may change besides its engine (None or left out: the default)."""
+
+    runs_dir: str | Path | None  # where run directories go
+    tracking_uri: str | None  # MLflow tracking URI (default: SQLite under runs_dir)
+    experiment: str | None  # the MLflow experiment
+    cold_start: bool | None  # empty the prefix cache first (default: yes)
+    traces: bool | None  # write MLflow traces
+    store_prompts: bool  # keep each call's messages and serialized prompt text
+
+
 def profile_config(
     name: str = "profile",
     engine: str | Path | EngineConfig | None = None,
     attach: str | None = None,
     *,
     command: tuple[str, ...] = (),
-    runs_dir: str | Path | None = None,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    cold_start: bool | None = None,
-    traces: bool | None = None,
-    store_prompts: bool = False,
+    **options: Unpack[ProfileOptions],
 ) -> ExperimentConfig:
     """The run's configuration. `engine`: an EngineConfig, or a YAML file holding an engine
     section's fields or a whole experiment config (its engine, tracking, runs_dir, cold_start
@@ -91,20 +96,19 @@ def profile_config(
     if attach is not None:
         data["engine"] = {"kind": "attach", "url": attach}
     tracking = dict(data.get("tracking") or {})
-    for key, value in (("tracking_uri", tracking_uri), ("experiment", experiment),
-                       ("traces", traces)):  # fmt: skip
-        if value is not None:
-            tracking[key] = value
+    for key in ("tracking_uri", "experiment", "traces"):
+        if options.get(key) is not None:
+            tracking[key] = options[key]  # type: ignore[literal-required]
     data |= {
         "name": name,
         "tracking": TrackingConfig.model_validate(tracking).model_dump(mode="json"),
         "app": AppConfig(
-            command=command, workflow_type=name, store_prompts=store_prompts
+            command=command, workflow_type=name, store_prompts=bool(options.get("store_prompts"))
         ).model_dump(mode="json"),
     }
-    if runs_dir is not None:
+    if (runs_dir := options.get("runs_dir")) is not None:
         data["runs_dir"] = str(runs_dir)
-    if cold_start is not None:
+    if (cold_start := options.get("cold_start")) is not None:
         data["cold_start"] = cold_start
     return parse_experiment(data, str(engine) if engine else "profile")
 
@@ -157,28 +161,18 @@ class Profile:
         self.hooks.on_stage("profiling")
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:  # (type, exception, traceback), as Pipeline's
         self._restore_env()
         if self._interceptor is not None:
             self._interceptor.__exit__(None, None, None)
-        self.pipeline.__exit__(exc_type, exc, tb)
+        self.pipeline.__exit__(*exc_info)
         self.outcome = self.pipeline.outcome
 
     async def __aenter__(self) -> "Profile":
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.__exit__(*exc_info)
 
     def _set_env(self) -> None:
         values = {
@@ -206,21 +200,13 @@ def profile(
     engine: str | Path | EngineConfig | None = None,
     attach: str | None = None,
     *,
-    runs_dir: str | Path | None = None,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    cold_start: bool | None = None,
-    traces: bool | None = None,
-    store_prompts: bool = False,
     on_stage: Callable[[str], None] | None = None,
+    **options: Unpack[ProfileOptions],
 ) -> Profile:
     """Profile the model calls made inside a `with` (or `async with`) block; see the module
-    docstring. `on_stage` hears the steps (starting the engine, finalizing, ...)."""
-    cfg = profile_config(
-        name, engine, attach, runs_dir=runs_dir, tracking_uri=tracking_uri,
-        experiment=experiment, cold_start=cold_start, traces=traces,
-        store_prompts=store_prompts,
-    )  # fmt: skip
+    docstring. `on_stage` hears the steps (starting the engine, finalizing, ...); `options`:
+    ProfileOptions."""
+    cfg = profile_config(name, engine, attach, **options)
     stage = on_stage or (lambda text: log.info("kvscope: %s", text))
     return Profile(cfg, Hooks(on_stage=stage))
 

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
@@ -64,21 +64,16 @@ class RunInfo:
         return asdict(self)
 
 
-class Instrument(Protocol):
-    """The Phase 7 columns of one call: from the body the app sent, its request_uuid, its hints
-    (`fixed_messages`...), the reply chunk or body with the usage, the engine's prompt_tokens,
-    and the prompt ids the engine returned (None: it did not). Must not raise for a body it
-    cannot read (wire.py logs and drops an exception, but the row then lacks every column)."""
-
-    def __call__(
-        self,
-        body: Mapping[str, Any],
-        request_uuid: str,
-        hints: Mapping[str, Any],
-        reply: Mapping[str, Any] | None,
-        prompt_tokens: int | None,
-        engine_ids: Sequence[int] | None,
-    ) -> Mapping[str, Any]: ...
+# The Phase 7 columns of one call: from the body the app sent, its request_uuid, its hints
+# (`fixed_messages`...), the reply chunk or body with the usage, the engine's prompt_tokens, and
+# the prompt ids the engine returned (None: it did not). Must not raise for a body it cannot read
+# (wire.py logs and drops an exception, but the row then lacks every column). probe/instrument.py's
+# PromptInstrument is the one a capture session uses.
+Instrument = Callable[
+    [Mapping[str, Any], str, Mapping[str, Any], Mapping[str, Any] | None, int | None,
+     Sequence[int] | None],
+    Mapping[str, Any],
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
