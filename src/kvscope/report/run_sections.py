@@ -69,14 +69,22 @@ def overview(run: RunAnalysis) -> Section:
     return Section("overview", "Run", "", tables=[facts("", pairs)], notes=notes)
 
 
+def _section(
+    key: str, title: str, image: str | None, tables: list[Table] | None = None,
+    notes: list[str] | None = None,
+) -> Section:  # fmt: skip
+    """A section whose intro and missing-image sentence are the prose's `<key>_intro` and
+    `<key>_missing`."""
+    return Section(key, title, say(f"{key}_intro"), image, say(f"{key}_missing"), tables or [],
+                   notes or [])  # fmt: skip
+
+
 def agents(run: RunAnalysis) -> Section:
     summary = run.agent_table()
-    return Section(
+    return _section(
         "agents",
         "RQ1: per agent",
-        say("agents_intro"),
         plots.agent_bars(summary, run.order),
-        say("agents_missing"),
         [table(summary, COLUMNS["agent"], "per agent")],
     )
 
@@ -107,12 +115,10 @@ def provenance_table(run: RunAnalysis) -> Table:
 
 def provenance(run: RunAnalysis) -> Section:
     sums = run.provenance
-    return Section(
+    return _section(
         "provenance",
         "RQ1: who the cache served, and why the rest was computed",
-        say("provenance_intro"),
         plots.provenance_bars(sums, run.order),
-        say("provenance_missing"),
         [provenance_table(run)] if sums else [],
     )
 
@@ -122,12 +128,10 @@ def transitions(run: RunAnalysis) -> Section:
     has_prov = any(v for v in pairs["provenance_calls"].to_pylist())
     hidden = {"provenance_calls", *PROVENANCE}
     cols = COLUMNS["pair"] if has_prov else [x for x in COLUMNS["pair"] if x.name not in hidden]
-    return Section(
+    return _section(
         "transitions",
         "RQ2: transitions",
-        say("transitions_intro"),
         plots.transition_heatmap(pairs, run.order),
-        say("transitions_missing"),
         [table(pairs, cols, "transitions", drop_null=True)],
         [] if has_prov else [say("transitions_no_provenance")],
     )
@@ -146,12 +150,10 @@ def latency(run: RunAnalysis) -> Section:
         "workflow_run_id",
         pa.array([w and w[:8] for w in run.workflows["workflow_run_id"].to_pylist()], pa.string()),
     )
-    return Section(
+    return _section(
         "latency",
         "RQ6: where workflow time goes",
-        say("latency_intro"),
         plots.latency_stack(run.latency),
-        say("latency_missing"),
         [
             table(run.latency, COLUMNS["latency"], "per agent, all workflows (ms)", drop_null=True),
             table(
@@ -171,12 +173,10 @@ def latency(run: RunAnalysis) -> Section:
 
 
 def ttft(run: RunAnalysis) -> Section:
-    return Section(
+    return _section(
         "ttft",
         "TTFT vs new prefill tokens",
-        say("ttft_intro"),
         plots.ttft_scatter(run.calls, run.fit, run.order),
-        say("ttft_missing"),
     )
 
 
