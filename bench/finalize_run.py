@@ -2,16 +2,17 @@
 
 bench/provenance.py times the Level 3 passes on a run held in memory. This writes the same
 synthetic run (W workflows x C cycles x 4 PEER agents, an LRU cache's KV events) as a run
-directory holds it: requests.jsonl (rows filled as a real run's), prompt_tokens.jsonl,
-kv_events.jsonl and metrics.parquet (the /metrics scrapes the context columns come from). Then
-it runs
+directory holds it: requests.jsonl (rows filled as a real run's), prompt_tokens.arrow and
+kv_events.arrow (written as a capture writes them, a record batch per call and per KV batch: the
+time per call is printed; then rewritten in large batches, as a capture's close does) and
+metrics.parquet (the /metrics scrapes the context columns come from). Then it runs
 `kvscope.finalize.finalize` on that directory in a fresh child process, which reads the
 streams, joins the /metrics series, runs divergence, the ledger and provenance, and writes
-requests.parquet,
-kv_events.parquet and blocks.parquet. It prints the child's wall time and peak RSS, and the
-size of what it read.
+requests.parquet, kv_events.parquet and blocks.parquet. It prints the child's wall time and
+peak RSS, and the size of what it read.
 
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3   # 100k requests
+    .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3 --vocab 100000  # 4-byte ids
 """
 
 import argparse
@@ -31,9 +32,11 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import synthetic
 
+from kvscope.probe.streams import merge_parts, token_writer
 from kvscope.records import metrics, requests
-from kvscope.records.kv_events import KV_EVENTS_JSONL
-from kvscope.records.tokens import TOKENS_JSONL
+from kvscope.records.base import ArrowWriter, compact
+from kvscope.records.kv_events import BATCHES_SCHEMA, KV_EVENTS_ARROW, KvBatch
+from kvscope.records.tokens import TOKENS_ARROW, PromptTokenIds
 
 CHILD = """
 import sys, time
@@ -110,21 +113,31 @@ def write_run(
     with (folder / requests.REQUESTS_JSONL).open("w") as f:
         for n, r in enumerate(rows):
             f.write(line(empty | CONSTANT | r | filled(r, n)))
-    with (folder / TOKENS_JSONL).open("w") as f:
-        for uuid, ids in tokens.items():
-            f.write(line({"request_uuid": uuid, "token_ids": ids.tolist()}))
+    with token_writer(folder / TOKENS_ARROW) as w:
+        t = time.perf_counter()
+        for uuid, ids in tokens.items():  # as probe.instrument hands them over: a tuple of ints
+            w.append(PromptTokenIds(uuid, tuple(ids.tolist())))
+        per = (time.perf_counter() - t) / max(len(tokens), 1)
+    print(f"prompt ids written: {per * 1e6:.0f} us a call (~{len(ids)} ids)")
+    t = time.perf_counter()
+    merge_parts(folder)  # as a capture's close does: the stream rewritten in large batches
+    print(f"prompt ids compacted at close: {time.perf_counter() - t:.1f} s")
     del rows, tokens
-    with (folder / KV_EVENTS_JSONL).open("w") as f:
+    with ArrowWriter(folder / KV_EVENTS_ARROW, BATCHES_SCHEMA, KvBatch.to_batch) as kv:
         batch: Any = None
         kept: list[Any] = []
+        t, n = time.perf_counter(), 0
         for b, e in [*events, (None, None)]:  # the events of one batch are consecutive
             if b is not batch and batch is not None:
-                done = replace(batch, received_ns=batch.ts_ns, events=tuple(kept))
-                f.write(line(done.to_dict()))
-                kept = []
+                kv.append(replace(batch, received_ns=batch.ts_ns, events=tuple(kept)))
+                kept, n = [], n + 1
             batch = b
             if e is not None:
-                kept.append(replace(e, token_ids=tuple(int(x) for x in e.token_ids)))
+                kept.append(replace(e, token_ids=tuple(np.asarray(e.token_ids).tolist())))
+        print(f"KV batches written: {(time.perf_counter() - t) / max(n, 1) * 1e6:.0f} us a batch")
+    t = time.perf_counter()
+    compact(folder / KV_EVENTS_ARROW, BATCHES_SCHEMA)  # as the listener's stop does
+    print(f"KV batches compacted at stop: {time.perf_counter() - t:.1f} s")
 
 
 def main() -> None:

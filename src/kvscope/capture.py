@@ -55,7 +55,7 @@ from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.tracing import TrackingRun, local_store_uri, unreachable
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records import run_dir as files
-from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_SUMMARY
+from kvscope.records.kv_events import KV_EVENTS_ARROW, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
 from kvscope.records.requests import RequestRecord
 from kvscope.target import Cache, Target, open_target, router_samples
@@ -248,7 +248,7 @@ class CaptureSession:
         if caps.kv_events and ep.kv_events:
             listener = self._listeners[cache.name] = KvEventListener(
                 ep.kv_events,
-                folder / KV_EVENTS_JSONL,
+                folder / KV_EVENTS_ARROW,
                 bind=ep.kv_events_subscriber_binds,
                 replay_endpoint=ep.kv_events_replay,
             )

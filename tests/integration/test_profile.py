@@ -21,6 +21,7 @@ from langgraph.graph import END, START, StateGraph
 
 import kvscope
 from kvscope.records.requests import PROVENANCE_COLUMNS
+from kvscope.records.tokens import TOKENS_ARROW, load_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -126,7 +127,7 @@ def test_profile_the_peer_example_as_an_app(up: Up, tmp_path: Path) -> None:
 
 def test_profile_attached_to_a_server_kvscope_did_not_start(up: Up, tmp_path: Path) -> None:
     """`--attach URL`: detection names the server vLLM, so the program's calls carry vLLM's
-    request ids and bring back their prompt ids (kept: prompt_tokens.jsonl, the divergence
+    request ids and bring back their prompt ids (kept: prompt_tokens.arrow, the divergence
     columns), and its cache is emptied first as a launched vLLM's is."""
     runs = tmp_path / "runs"
     argv = [*KVSCOPE, "profile", "--attach", up.base, "--runs-dir", str(runs), "--",
@@ -138,7 +139,7 @@ def test_profile_attached_to_a_server_kvscope_did_not_start(up: Up, tmp_path: Pa
     (run_dir,) = [p.parent for p in runs.glob("*/run.json")]
     rows = rows_of(run_dir)
     assert len(rows) == 8 and all(r["prompt_token_source"] == "engine" for r in rows)
-    assert len((run_dir / "prompt_tokens.jsonl").read_text().splitlines()) == 8
+    assert len(load_tokens(run_dir)) == 8 and (run_dir / TOKENS_ARROW).exists()
     assert all(r["first_divergence_previous_agent"] is not None for r in rows[1:])
     run = json.loads((run_dir / "run.json").read_text())
     assert run["launch_command"] is None  # attached: nothing started

@@ -1,6 +1,7 @@
-"""finalize.kvcolumns: a KV event stream read as columns from its text (read_columns) is the
-stream read as KvBatch objects (read_batches + columns_of), and the event table and the block
-ledger built from the columns give, on a hand-made stream, what the object-per-event code gave.
+"""finalize.kvcolumns: a KV event stream read as columns from its Arrow record batches
+(read_columns) is the stream read as KvBatch objects (read_batches + columns_of), an older run's
+JSONL stream gives the same columns, and the event table and the block ledger built from the
+columns give, on a hand-made stream, what the object-per-event code gave.
 
 Block size 4. In seq order: A stores S (2 blocks); C stores 2 blocks on a parent never seen
 (orphans; the second is partial); D stores a block of size 8 and it is evicted in the same
@@ -24,7 +25,19 @@ from kvscope.finalize import blockhash, finalize, kvcolumns, tables
 from kvscope.finalize.blocktable import CLEARED, EVICTED, STILL_CACHED
 from kvscope.finalize.kvcolumns import KvColumns, columns_of, events_table, read_columns
 from kvscope.finalize.ledger import KEYED, ORPHAN, UNMATCHABLE, build_ledger, ledger_of
-from kvscope.records.kv_events import REPLAY, KvBatch, KvEvent, events_of, read_batches
+from kvscope.probe.streams import token_writer
+from kvscope.records.base import ArrowWriter
+from kvscope.records.kv_events import (
+    BATCHES_SCHEMA,
+    KV_EVENTS_ARROW,
+    KV_EVENTS_JSONL,
+    REPLAY,
+    KvBatch,
+    KvEvent,
+    events_of,
+    read_batches,
+)
+from kvscope.records.tokens import TOKENS_ARROW, TOKENS_JSONL, PromptTokenIds, load_tokens
 
 S = list(range(100, 108))  # two full blocks
 
@@ -64,8 +77,21 @@ BATCHES = [  # as written; in seq order 0, 1, 1, 2, 3, 4, 5, 6, 8 (7 is missing)
 TORN = '{"seq": 9, "ts_ns": 99, "events": [{"kind": "stored", "token_ids": [1, 2'
 
 
+def write_arrow(path: Path, batches: list[KvBatch], torn: int = 0) -> Path:
+    """The stream as the listener writes it, then the first `torn` bytes of one more batch (a
+    write cut short by a crash)."""
+    with ArrowWriter(path, BATCHES_SCHEMA, KvBatch.to_batch) as w:
+        for b in batches:
+            w.append(b)
+    extra = KvBatch(seq=9, ts_ns=99, events=(stored([10], None, [1, 2, 3, 4], "G"),))
+    with path.open("ab") as f:
+        f.write(extra.to_batch().serialize().to_pybytes()[:torn])
+    return path
+
+
 def write(path: Path, batches: list[KvBatch], compact: bool, extra: tuple[str, ...] = ()) -> Path:
-    """The stream as the listener writes it (compact) or as json.dumps does by default."""
+    """An older run's JSONL stream, as its listener wrote it (compact) or as json.dumps does by
+    default."""
     sep = (",", ":") if compact else None
     lines = [json.dumps(b.to_dict(), separators=sep) for b in batches]
     lines[3:3] = ["", *extra]  # a blank line and the extra lines in the middle
@@ -84,17 +110,31 @@ def assert_same(a: KvColumns, b: KvColumns) -> None:
             assert x == y, name
 
 
-@pytest.mark.parametrize("compact", [True, False])
-@pytest.mark.parametrize("block_bytes", [64, 1 << 20])  # a line a block; all lines in one
-def test_the_text_is_read_as_the_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact: bool, block_bytes: int
+@pytest.mark.parametrize("torn", [0, 3, 40, 300])  # none; in its length, metadata, body
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 20])  # a batch a chunk; all in one
+def test_the_stream_is_read_as_the_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torn: int, chunk_bytes: int
 ) -> None:
-    monkeypatch.setattr(kvcolumns, "_BLOCK_BYTES", block_bytes)
-    path = write(tmp_path / "kv.jsonl", BATCHES, compact, (TORN,))
+    monkeypatch.setattr(kvcolumns, "_CHUNK_BYTES", chunk_bytes)
+    path = write_arrow(tmp_path / KV_EVENTS_ARROW, BATCHES, torn)
     columns = read_columns(path)
-    back, torn = read_batches(path)
-    assert (columns.torn, torn) == (1, 1)
-    assert_same(columns, replace(columns_of(back), torn=1))
+    back, left_off = read_batches(path)
+    assert (columns.torn, left_off) == (int(torn > 0),) * 2 and len(back) == len(BATCHES)
+    assert_same(columns, replace(columns_of(back), torn=int(torn > 0)))
+    assert columns.n_tokens.tolist()[:3] == [4, 8, 6]  # token ids read as one flat array
+
+
+def test_a_stream_of_no_batch(tmp_path: Path) -> None:
+    columns = read_columns(write_arrow(tmp_path / KV_EVENTS_ARROW, [], torn=5))
+    assert (len(columns), columns.batches, columns.torn, columns.ledger_size) == (0, 0, 1, None)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_an_older_runs_jsonl_stream_gives_the_same_columns(tmp_path: Path, compact: bool) -> None:
+    old = read_columns(write(tmp_path / KV_EVENTS_JSONL, BATCHES, compact, (TORN,)))
+    new = read_columns(write_arrow(tmp_path / KV_EVENTS_ARROW, BATCHES))
+    assert old.torn == 1
+    assert_same(old, replace(new, torn=1))
 
 
 def test_the_counts() -> None:
@@ -170,19 +210,34 @@ def test_build_ledger_reads_pairs_in_the_order_given() -> None:
 RECORDED = ROOT / "tests" / "fixtures" / "recorded-runs"
 
 
-def test_finalize_writes_what_the_batch_path_gives(
+def as_arrow(run: Path) -> None:
+    """An older run's JSONL streams of token ids rewritten as kvscope writes them now."""
+    tokens = load_tokens(run)
+    with token_writer(run / TOKENS_ARROW) as w:
+        for uuid, ids in tokens.items():
+            w.append(PromptTokenIds(uuid, tuple(ids.tolist())))
+    write_arrow(run / KV_EVENTS_ARROW, read_batches(run / KV_EVENTS_JSONL)[0])
+    (run / TOKENS_JSONL).unlink()
+    (run / KV_EVENTS_JSONL).unlink()
+
+
+def test_finalize_writes_the_same_from_either_form_and_the_batch_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = next(p for p in RECORDED.iterdir() if (p / "kv_events.jsonl").exists())
-    text, objects = tmp_path / "text", tmp_path / "objects"
-    shutil.copytree(run, text)
-    shutil.copytree(run, objects)
-    finalize(text)
+    run = next(p for p in RECORDED.iterdir() if (p / KV_EVENTS_JSONL).exists())
+    old, new, objects = tmp_path / "old", tmp_path / "new", tmp_path / "objects"
+    for copy in (old, new, objects):
+        shutil.copytree(run, copy)
+    as_arrow(new)
+    finalize(old)
+    finalize(new)
     monkeypatch.setattr(tables, "read_columns", lambda p: columns_of(read_batches(p)[0]))
     finalize(objects)
-    for name in ("kv_events.parquet", "blocks.parquet", "requests.parquet", "finalize.json"):
-        if name.endswith(".parquet"):
-            assert pq.read_table(text / name).equals(pq.read_table(objects / name)), name
-        else:
-            assert (text / name).read_text() == (objects / name).read_text()
-    assert pq.read_table(text / "blocks.parquet").num_rows > 0
+    for other in (new, objects):
+        for name in ("kv_events.parquet", "blocks.parquet", "requests.parquet", "finalize.json"):
+            if name.endswith(".parquet"):
+                assert pq.read_table(old / name).equals(pq.read_table(other / name)), name
+            else:
+                assert (old / name).read_text() == (other / name).read_text()
+    assert pq.read_table(old / "blocks.parquet").num_rows > 0
+    assert pq.read_table(new / "requests.parquet")["max_reusable_tokens"].null_count == 0

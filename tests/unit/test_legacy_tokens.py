@@ -1,5 +1,6 @@
-"""Reading the prompt-token stream (records.token_lines): the chunked numpy fast path gives the
-mapping that json per line gives, whatever the lines and wherever the chunks cut them."""
+"""Reading an older run's prompt-token stream (prompt_tokens.jsonl, records.tokens.load_tokens:
+pyarrow's JSON reader, else orjson line by line) gives the mapping that json per line gives,
+whatever the lines."""
 
 import json
 import random
@@ -10,9 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvscope.records import token_lines
-from kvscope.records.token_lines import narrowest_dtype, read_token_ids
-from kvscope.records.tokens import TOKENS_JSONL, load_tokens
+from kvscope.records.tokens import TOKENS_JSONL, load_tokens, narrowest_dtype
 
 
 def by_json(text: str) -> dict[str, list[int]]:
@@ -44,16 +43,15 @@ def spaced(uuid: Any, ids: Any) -> str:
     return json.dumps({"request_uuid": uuid, "token_ids": ids})
 
 
-def read(tmp_path: Path, text: str, chunk_bytes: int) -> dict[str, np.ndarray]:
-    path = tmp_path / TOKENS_JSONL
-    path.write_text(text, encoding="utf-8")
-    return read_token_ids(path, chunk_bytes)
+def read(tmp_path: Path, text: str) -> dict[str, np.ndarray]:
+    (tmp_path / TOKENS_JSONL).write_text(text, encoding="utf-8")
+    return load_tokens(tmp_path)
 
 
-def check(tmp_path: Path, text: str, chunk_bytes: int) -> dict[str, np.ndarray]:
-    """The fast reader's mapping is json's, in the same order, all arrays of the narrowest
-    dtype holding every id."""
-    got, want = read(tmp_path, text, chunk_bytes), by_json(text)
+def check(tmp_path: Path, text: str) -> dict[str, np.ndarray]:
+    """The reader's mapping is json's, in the same order, all arrays of the narrowest dtype
+    holding every id."""
+    got, want = read(tmp_path, text), by_json(text)
     assert list(got) == list(want)
     assert {u: a.tolist() for u, a in got.items()} == want
     ids = [t for v in want.values() for t in v]
@@ -115,29 +113,25 @@ KINDS = [name for name, _ in EDGES]
 
 
 @pytest.mark.parametrize("name", KINDS)
-@pytest.mark.parametrize("chunk_bytes", [7, 64, 1 << 20])
-def test_each_kind_of_line_is_read_as_json_reads_it(
-    tmp_path: Path, name: str, chunk_bytes: int
-) -> None:
+def test_each_kind_of_line_is_read_as_json_reads_it(tmp_path: Path, name: str) -> None:
     line = dict(EDGES)[name]
     for shape in (compact, spaced):  # among well-formed lines of either shape
         good = [shape(f"g{i}", [i, 10 * i, 65_000]) for i in range(3)]
-        check(tmp_path, "\n".join([good[0], line, *good[1:]]) + "\n", chunk_bytes)
-        check(tmp_path, "\n".join([*good, line]), chunk_bytes)  # last, without a newline
+        check(tmp_path, "\n".join([good[0], line, *good[1:]]) + "\n")
+        check(tmp_path, "\n".join([*good, line]))  # last, without a newline
 
 
-@pytest.mark.parametrize("chunk_bytes", [5, 40, 333, 1 << 20])
-def test_all_kinds_together_wherever_the_chunks_cut(tmp_path: Path, chunk_bytes: int) -> None:
-    rng = random.Random(chunk_bytes)
+def test_all_kinds_together(tmp_path: Path) -> None:
+    rng = random.Random(5)
     lines = [line for _, line in EDGES] + [compact("a", [9, 9]), compact("p", [1])]
     for _ in range(5):
         rng.shuffle(lines)
-        check(tmp_path, "\n".join(lines) + "\n", chunk_bytes)
+        check(tmp_path, "\n".join(lines) + "\n")
 
 
 def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     text = compact("a", [1, 2]) + "\n" + compact("b", [3, 4])[:-5]
-    got = check(tmp_path, text, 1 << 20)
+    got = check(tmp_path, text)
     assert list(got) == ["a"]
 
 
@@ -145,18 +139,18 @@ def test_the_last_line_of_a_uuid_wins_and_null_ids_change_nothing(tmp_path: Path
     text = "\n".join(
         [compact("a", [1]), compact("b", [2]), compact("a", [3, 4]), compact("b", None)]
     )
-    got = check(tmp_path, text, 1 << 20)
+    got = check(tmp_path, text)
     assert {u: a.tolist() for u, a in got.items()} == {"a": [3, 4], "b": [2]}
 
 
 def test_the_dtype_is_the_narrowest_for_the_whole_stream(tmp_path: Path) -> None:
     small = [compact(f"s{i}", [i, 40_000]) for i in range(50)]
-    assert read(tmp_path, "\n".join(small), 64)["s3"].dtype == np.uint16
-    # a wider id in a later chunk, or on a line read by json, widens every array
+    assert read(tmp_path, "\n".join(small))["s3"].dtype == np.uint16
+    # a wider id on a later line, or on a line pyarrow refuses, widens every array
     for wide in (compact("w", [70_000]), '{"token_ids": [-1], "request_uuid": "w"}'):
-        got = check(tmp_path, "\n".join([*small, wide, *small[:3]]), 64)
+        got = check(tmp_path, "\n".join([*small, wide, *small[:3]]))
         assert got["s3"].dtype == np.int32 and got["s3"].tolist() == [3, 40_000]
-    got = check(tmp_path, "\n".join([*small, compact("w", [2**40])]), 64)
+    got = check(tmp_path, "\n".join([*small, compact("w", [2**40])]))
     assert got["s7"].dtype == np.int64 and got["w"].tolist() == [2**40]
 
 
@@ -172,24 +166,7 @@ def test_random_streams_match_json(tmp_path: Path) -> None:
     for _ in range(30):
         weights = [rng.random() for _ in pieces]
         lines = [rng.choices(pieces, weights)[0](i) for i in range(rng.randrange(1, 60))]
-        check(tmp_path, "\n".join(lines) + rng.choice(["", "\n"]), rng.choice([16, 200, 4096]))
-
-
-def test_well_formed_lines_take_the_fast_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def refuse(line: bytes) -> None:
-        raise AssertionError(f"read by json: {line[:40]!r}")
-
-    monkeypatch.setattr(token_lines, "_exact", refuse)
-    for shape in (compact, spaced):
-        lines = [shape(f"r{i}", list(range(i, 3 * i))) for i in range(200)]
-        got = read(tmp_path, "\n".join(lines) + "\n", 1000)
-        assert got["r9"].tolist() == list(range(9, 27)) and got["r0"].tolist() == []
-    got = read(tmp_path, compact("z", [0, 0, 1, 0]) + "\n", 1000)  # zeros, no empty item
-    assert got["z"].tolist() == [0, 0, 1, 0]
-    big = [compact(f"b{i}", [6_000_000_000 + i, i]) for i in range(5)]  # parsed again as int64
-    assert read(tmp_path, "\n".join(big), 1000)["b4"].tolist() == [6_000_000_004, 4]
+        check(tmp_path, "\n".join(lines) + rng.choice(["", "\n"]))
 
 
 def test_load_tokens_reads_the_run_directory(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
-"""The engine's KV cache events, received on a background thread into kv_events.jsonl.
+"""The engine's KV cache events, received on a background thread into kv_events.arrow.
 
-Every batch is appended the moment it arrives (a crash loses nothing). Sequence gaps are recorded
-with when they were seen; at stop the listener asks the engine's replay socket for the missing
-batches and marks what it recovered, so a report can say both how many were lost live and how
-many stayed lost. The wire format is in kvscope.engines.kv_events, the stream's records in
-kvscope.records.kv_events.
+Every batch is appended the moment it arrives, as one Arrow record batch (a crash loses nothing;
+records.kv_events states the stream's format); at stop the stream is rewritten in large record
+batches, atomically (records.base.compact), which finalize reads ~10x faster. A batch the stream
+cannot hold (a token id outside [0, 2**32)) is counted as undecodable, not written. Sequence
+gaps are recorded with when they were seen; at stop the listener asks the engine's replay socket
+for the missing batches and marks what it recovered, so a report can say both how many were lost
+live and how many stayed lost. The wire format is in kvscope.engines.kv_events, the stream's
+records in kvscope.records.kv_events.
 """
 
 import threading
@@ -16,14 +19,22 @@ from pathlib import Path
 import zmq
 
 from kvscope.engines.kv_events import decode, replay, subscriber
-from kvscope.records.base import JsonlWriter
-from kvscope.records.kv_events import LIVE, REPLAY, KvBatch, ListenSummary, SeqGap
+from kvscope.records.base import ArrowWriter, compact
+from kvscope.records.kv_events import (
+    BATCHES_SCHEMA,
+    LIVE,
+    REPLAY,
+    KvBatch,
+    ListenSummary,
+    SeqGap,
+)
 
 _REPLAY_BACK = 64  # batches before the first live one asked from replay (the lost head)
 
 
 class KvEventListener:
-    """Receives from start() to stop() and appends every batch to `path` (JSONL)."""
+    """Receives from start() to stop() and appends every batch to `path` (an Arrow IPC stream:
+    records.kv_events.KV_EVENTS_ARROW)."""
 
     def __init__(
         self,
@@ -46,7 +57,7 @@ class KvEventListener:
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._stream: JsonlWriter[KvBatch] | None = None
+        self._stream: ArrowWriter[KvBatch] | None = None
         self._summary: ListenSummary | None = None
         self._error: BaseException | None = None
 
@@ -54,7 +65,7 @@ class KvEventListener:
         if self._thread is not None:
             raise RuntimeError("the listener was already started")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._stream = JsonlWriter(self.path)
+        self._stream = ArrowWriter(self.path, BATCHES_SCHEMA, KvBatch.to_batch)
         self._started_ns = time.time_ns()
         self._thread = threading.Thread(target=self._loop, name="kvscope-kv-events", daemon=True)
         self._thread.start()
@@ -76,6 +87,7 @@ class KvEventListener:
         recovered = self._recover() if self.replay_endpoint else 0
         assert self._stream is not None
         self._stream.close()
+        compact(self.path, BATCHES_SCHEMA)  # large batches: read fast by finalize
         with self._lock:
             lost = sum(g.missing for g in self._gaps) - recovered
             self._summary = ListenSummary(
@@ -119,11 +131,17 @@ class KvEventListener:
                 self._last = batch.seq if self._last is None else max(self._last, batch.seq)
             self._write(batch, received, source)
 
-    def _write(self, batch: KvBatch, received_ns: int, source: str) -> None:
+    def _write(self, batch: KvBatch, received_ns: int, source: str) -> bool:
+        """Append the batch (under the lock); False (counted undecodable) if it cannot be."""
+        assert self._stream is not None
+        try:
+            self._stream.append(replace(batch, received_ns=received_ns, source=source))
+        except ValueError:
+            self._bad += 1
+            return False
         self._seqs.add(batch.seq)
         self._events += len(batch.events)
-        assert self._stream is not None
-        self._stream.append(replace(batch, received_ns=received_ns, source=source))
+        return True
 
     def _recover(self) -> int:
         """Missing batches from the replay socket: gaps, and the head lost before the first."""
@@ -147,8 +165,7 @@ class KvEventListener:
                     self._gaps.append(SeqGap(b.seq, b.seq, time.time_ns()))
                     if self._last is None or b.seq > self._last:
                         self._last = b.seq
-                self._write(b, time.time_ns(), REPLAY)
-                got += 1
+                got += self._write(b, time.time_ns(), REPLAY)
             self._gaps = [_with_recovered(g, self._seqs) for g in self._gaps]
         return got
 

@@ -1,51 +1,50 @@
 """A KV cache's event stream as finalize reads it: flat columns, no object per batch or event.
 
 kv_events.read_batches gives a KvBatch and a KvEvent per batch and event, each with its token
-ids: a 100k-call run's stream (200k events, 25 M token ids, 211 MiB of JSON) took ~4 s to read
-that way and held ~235 MiB. Finalize needs the token ids only to hash the stored blocks
-(finalize.blockhash), so `read_columns` cuts them out of each line's text and parses them a
-chunk of lines at a time with numpy (never as Python ints), hashes the full blocks and keeps
-the hashes; the rest of a chunk's lines (parsed with orjson) becomes Arrow columns at once.
-What is left is one entry per event and one per row of kv_events.parquet (one per block event).
+ids as Python ints. Finalize needs the token ids only to hash the stored blocks
+(finalize.blockhash), so `read_columns` reads the stream (kv_events.arrow) a few MB of record
+batches at a time as Arrow columns: the token ids stay one flat numpy array, its full blocks are
+hashed and only the hashes kept. What is left is one entry per event and one per row of
+kv_events.parquet (one per block event). An older run's kv_events.jsonl is read as KvBatch
+objects (read_batches: such streams are small) and given the same columns.
 
 `columns_of` gives the same columns from KvBatch objects; `events_table` is
 kv_events.parquet from the columns; finalize.ledger builds the block ledger from them.
 """
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvscope.finalize import blockhash
-from kvscope.finalize.gcpause import without_gc
-from kvscope.records.kv_events import EVENTS_SCHEMA, LIVE, REPLAY, missing_seqs
+from kvscope.records.base import ArrowBatches, is_arrow_stream
+from kvscope.records.kv_events import (
+    BATCHES_SCHEMA,
+    EVENTS_SCHEMA,
+    LIVE,
+    REPLAY,
+    missing_seqs,
+    read_batches,
+)
 
 if TYPE_CHECKING:
-    from kvscope.records.kv_events import KvBatch
+    from kvscope.records.kv_events import KvBatch, KvEvent
 
 KINDS = ("stored", "removed", "cleared")  # KvColumns.kind's codes, in order
 STORED, REMOVED, CLEARED = range(3)
-# a non-empty list of ints (on one line: _lines refuses a newline in it)
-_IDS = re.compile(rb'"token_ids"\s*:\s*\[\s*([^\]\s][^\]]*)\]')
-_CUT = b'"token_ids":[],"_cut":1'  # in the list's place
-_MARK = np.iinfo(np.int64).min  # a token id no tokenizer gives
-_MARK_TEXT = str(_MARK).encode()
-_EVENT = pa.struct(
-    [("kind", pa.string()), ("block_hashes", pa.list_(pa.int64())),
-     ("parent_block_hash", pa.int64()), ("block_size", pa.int64()), ("medium", pa.string()),
-     ("session_id", pa.string()), ("_cut", pa.int8())]
-)  # fmt: skip
+# the stream's batch struct, with token ids of any 64-bit value (columns_of's KvBatch objects)
 _BATCH = pa.struct(
-    [("seq", pa.int64()), ("ts_ns", pa.int64()), ("received_ns", pa.int64()),
-     ("source", pa.string()), ("events", pa.list_(_EVENT))]
+    [f if f.name != "events" else pa.field("events", pa.list_(pa.struct(
+        [e if e.name != "token_ids" else pa.field("token_ids", pa.list_(pa.int64()))
+         for e in BATCHES_SCHEMA.field("events").type.value_type]
+    ))) for f in BATCHES_SCHEMA]
 )  # fmt: skip
+_CHUNK_BYTES = 8 << 20  # record batches read at once: ~20k KV batches of a 100k-call run
 
 
 @dataclass(frozen=True)
@@ -78,95 +77,62 @@ class KvColumns:
     batches: int  # batches read
     missing: int  # seqs missing between the first and last batch read
     recovered: int  # batches that came from the engine's replay socket
-    torn: int  # unreadable lines skipped (a write cut short)
+    torn: int  # torn records left off (a write cut short)
 
     def __len__(self) -> int:
         return len(self.kind)
 
 
 def read_columns(path: Path) -> KvColumns:
-    """kv_events.jsonl as columns. An unreadable line (torn; not a batch with a seq, a ts_ns and
-    events of known kinds, each with its token ids; ids that are not integers) is skipped and
-    counted, as read_batches does with a line that is not JSON."""
-    return _read(path)
+    """A KV event stream (kv_events.arrow, or an older run's kv_events.jsonl) as columns. A torn
+    last batch, or a JSONL line that is not a batch (or whose events are of no known kind or
+    have ids that are not integers), is left off and counted (`torn`)."""
+    if not is_arrow_stream(path):
+        batches, torn = read_batches(path)
+        readable = [b for b in batches if all(map(_readable, b.events))]
+        return _columns(readable, torn + len(batches) - len(readable))
+    build, read = _Builder(), ArrowBatches(path)
+    for batch in read.chunks(_CHUNK_BYTES):
+        build.add(_lines(batch.to_struct_array()))
+    if not build.chunks:  # not one batch
+        build.add(_lines(pa.array([], type=_BATCH)))
+    return build.finish(by_seq=True, torn=read.torn)
 
 
-@without_gc
-def _read(path: Path) -> KvColumns:
-    build, torn = _Builder(), 0
-    with path.open("rb") as f:
-        while block := f.read(_BLOCK_BYTES) + f.readline():  # whole lines
-            lines = _lines(block)
-            if lines is None:  # one is unreadable: the block without those
-                each = [x for x in block.split(b"\n") if x.strip()]
-                good = [x for x in each if _lines(x) is not None]
-                torn += len(each) - len(good)
-                lines = _lines(b"\n".join(good))
-                assert lines is not None
-            build.add(lines)
-    return build.finish(by_seq=True, torn=torn)
-
-
-_BLOCK_BYTES = 4 << 20  # read and parsed at once: ~2,000 batches of a 100k-call run, 0.5 M ids
+def _readable(e: "KvEvent") -> bool:
+    """Whether an older JSONL stream's event can be read as columns: a known kind, integer ids
+    (a Python int each: such streams are small)."""
+    return e.kind in KINDS and all(type(x) is int for x in (*e.block_hashes, *e.token_ids))
 
 
 @dataclass(frozen=True)
 class _Lines:
-    """Batches read: as Arrow (_BATCH), and their events' token ids."""
+    """Batches read: as Arrow (the stream's batch struct), and their events' token ids."""
 
     batches: pa.StructArray
-    ids: np.ndarray  # int64: the events' ids laid end to end, other values between them
+    ids: np.ndarray  # the events' ids laid end to end
     starts: np.ndarray  # int64: where each event's begin in `ids`
     counts: np.ndarray  # int64: how many each event has
 
 
-def _lines(block: bytes) -> _Lines | None:
-    """The batches of whole lines of kv_events.jsonl; None if one of them is unreadable.
-
-    Each non-empty token id list's text is cut out of the lines (orjson parses the rest, the
-    event marked _CUT) and the texts are parsed at once by numpy, each list behind a _MARK."""
-    pieces = _IDS.split(block)  # text, ids, text, ids, ..., text
-    texts = pieces[1::2]
-    body = _CUT.join(pieces[::2]).strip().replace(b"\n", b",")
-    marked = [_MARK_TEXT] * (2 * len(texts) + 1)  # _MARK, ids, _MARK, ids, ..., _MARK
-    marked[1::2] = texts
-    ids = b",".join(marked)
-    try:
-        if ids.translate(None, b"0123456789-, \t\r"):  # a newline: a list left open (torn)
-            raise ValueError("token ids that are not integers")
-        batches = pa.array(orjson.loads(b"[%b]" % body), type=_BATCH)
-        values = np.fromstring(ids, dtype=np.int64, sep=",")  # text mode: supported
-    except (ValueError, TypeError):  # orjson's and Arrow's errors are ones
-        return None
-    events = batches.field("events")
-    flat = events.flatten()
-    cut = flat.field("_cut").is_valid().to_numpy(zero_copy_only=False)
-    marks = np.flatnonzero(values == _MARK)
-    kinds = pc.index_in(flat.field("kind"), pa.array(KINDS))
-    if len(marks) != len(texts) + 1 or marks[0] != 0 or marks[-1] != len(values) - 1:
-        return None
-    if cut.sum() != len(texts) or kinds.null_count or events.null_count:
-        return None
-    if batches.field("seq").null_count or batches.field("ts_ns").null_count:
-        return None
-    starts, counts = np.zeros(len(cut), dtype=np.int64), np.zeros(len(cut), dtype=np.int64)
-    starts[cut], counts[cut] = marks[:-1] + 1, np.diff(marks) - 1
-    return _Lines(batches, values, starts, counts)
+def _lines(batches: pa.StructArray) -> _Lines:
+    """The batches with their events' token ids as one flat array (no Python int per id)."""
+    ids = batches.field("events").flatten().field("token_ids")
+    counts = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
+    return _Lines(batches, pc.list_flatten(ids).to_numpy(), np.cumsum(counts) - counts, counts)
 
 
 def columns_of(batches: Iterable["KvBatch"]) -> KvColumns:
     """The columns of batches in the order given (read_batches gives them in seq order); a
     ValueError for an event of no known kind."""
-    dicts: list[dict[str, Any]] = []
-    ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    for b in batches:
-        dicts.append(vars(b) | {"events": [vars(e) for e in b.events]})
-        ids += [np.asarray(e.token_ids, dtype=np.int64) for e in b.events]
-    counts = np.array([len(x) for x in ids[1:]], dtype=np.int64)
-    starts = np.cumsum(counts) - counts
+    return _columns(batches, torn=0)
+
+
+def _columns(batches: Iterable["KvBatch"], torn: int) -> KvColumns:
+    dicts = [vars(b) | {"events": [vars(e) for e in b.events]} for b in batches]
     build = _Builder()
-    build.add(_Lines(pa.array(dicts, type=_BATCH), np.concatenate(ids), starts, counts))
-    return build.finish(by_seq=False, torn=0)
+    build.add(_lines(pa.array(dicts, type=_BATCH)))
+    return build.finish(by_seq=False, torn=torn)
 
 
 class _Builder:

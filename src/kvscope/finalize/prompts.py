@@ -1,4 +1,4 @@
-"""Prompt token ids held once per distinct piece: what finalize reads prompt_tokens.jsonl into.
+"""Prompt token ids held once per distinct piece: what finalize reads the prompt-token stream into.
 
 A prompt is cut into pieces of `piece` tokens (PIECE) from its start, its last piece possibly
 shorter. Prompts sharing a prefix share the prefix's whole pieces, and the calls of a multi-agent
@@ -13,8 +13,8 @@ two blocks of one key are throughout finalize.
 
 Prompts is the record (immutable by convention: its arrays are not written after it is built);
 PromptsBuilder builds one a batch of prompts at a time; load_prompts reads a run's stream
-(records.token_lines.read_lines) into one, chunk by chunk, so the whole stream's ids are never
-held.
+(records.tokens.token_chunks: Arrow columns, flat ids and offsets) into one, chunk by chunk, so
+the whole stream's ids are never held.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,8 +25,7 @@ import numpy as np
 
 from kvscope.finalize import blockhash
 from kvscope.finalize.blockhash import Tokens
-from kvscope.records.token_lines import read_lines
-from kvscope.records.tokens import TOKENS_JSONL
+from kvscope.records.tokens import token_chunks
 
 # tokens a piece: smaller shares more of a prefix, larger has fewer pieces to sort and hash;
 # block sizes dividing it (16 .. 128) get their keys from the pieces (finalize.piecehash)
@@ -175,37 +174,18 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-class _Loading:
-    """records.token_lines' sink: the stream's lines into a builder, a chunk at a time."""
-
-    def __init__(self) -> None:
-        self.builder = PromptsBuilder()
-        self.index: dict[str, int] = {}
-
-    def chunk(self, ids: np.ndarray | None, lines: list[tuple[str, slice | np.ndarray]]) -> None:
-        fast = [w for _, w in lines if isinstance(w, slice)]
-        first = self.builder.count
-        if fast:  # no `ids` when every fast line's list is empty
-            starts = np.array([w.start for w in fast], dtype=np.int64)
-            stops = np.array([w.stop for w in fast], dtype=np.int64)
-            self.builder.add(np.zeros(0, np.uint16) if ids is None else ids, starts, stops)
-        number, own = first, first + len(fast)
-        for uuid, where in lines:  # in the file's order: a request_uuid's last line wins
-            if isinstance(where, slice):
-                self.index[uuid], number = number, number + 1
-            else:
-                self.builder.add(where, np.zeros(1, np.int64), np.array([len(where)]))
-                self.index[uuid], own = own, own + 1
-
-
 def load_prompts(run_dir: Path) -> Prompts:
-    """The run's prompt token ids (prompt_tokens.jsonl, read as records.tokens.load_tokens
+    """The run's prompt token ids (its prompt-token stream, read as records.tokens.load_tokens
     states), each prompt named by its request_uuid; none when the run has no stream."""
-    path = run_dir / TOKENS_JSONL
-    sink = _Loading()
-    if path.exists():
-        read_lines(path, sink)
-    return sink.builder.build(sink.index)
+    builder = PromptsBuilder()
+    index: dict[str, int] = {}
+    for c in token_chunks(run_dir):
+        first = builder.count
+        builder.add(c.flat, c.starts[c.valid], c.stops[c.valid])
+        named = (u for u, ok in zip(c.uuids, c.valid.tolist(), strict=True) if ok)
+        for number, uuid in enumerate(named, first):  # in order: a uuid's last record wins
+            index[uuid] = number
+    return builder.build(index)
 
 
 def as_prompts(tokens: "Prompts | Mapping[str, Tokens | None]") -> Prompts:

@@ -1,10 +1,11 @@
 """A run directory's streams -> its tables, the same at the end of a run and in `kvscope convert`.
 
-Reads requests.jsonl, the prompt-token stream (prompt_tokens.arrow) and, per KV cache, its /metrics
-series (metrics.parquet, else metrics.kvscope.jsonl) and KV event stream (kv_events.arrow; an
-older run's JSONL streams the same way: records.tokens, records.kv_events); writes requests.parquet with the Level 2 context
-and Level 3 provenance columns, kv_events.parquet (one row per block event), blocks.parquet (one
-row per block life) and finalize.json (what was read and matched).
+Reads requests.jsonl, the prompt-token stream (prompt_tokens.arrow) and, per KV cache, its
+/metrics series (metrics.parquet, else metrics.kvscope.jsonl) and KV event stream
+(kv_events.arrow; an older run's JSONL streams the same way: records.tokens, records.kv_events);
+writes requests.parquet with the Level 2 context and Level 3 provenance columns,
+kv_events.parquet (one row per block event), blocks.parquet (one row per block life) and
+finalize.json (what was read and matched).
 
 One engine has one cache: its streams are in the run directory. A deployment (replicas behind a
 router) has one per replica, in replicas/<name>/ (records.run_dir.replica_dirs): each call is

@@ -1,32 +1,36 @@
 """The call streams of a capture: requests, prompt token ids, tool runs and trace payloads.
 
-One writer per stream, each line flushed as it is written (a crash loses no finished call). A
-process that captures for a session it does not own (a profiled program, probe/child.py) writes
-its own part files, `<stream>.<pid>`, which the owner merges into the streams on close.
+One writer per stream, each record flushed as it is written (a crash loses no finished call):
+JSON lines, but the prompt token ids, an Arrow IPC stream (records.tokens). A process that
+captures for a session it does not own (a profiled program, probe/child.py) writes its own part
+files, `<stream>.<pid>`, which the owner merges into the streams on close.
 """
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from kvscope.errors import WriteError
 from kvscope.probe import app_spans
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
-from kvscope.records.base import JsonlWriter
+from kvscope.records.base import ArrowWriter, JsonlWriter, compact
 from kvscope.records.payloads import PAYLOADS_JSONL, CallPayload
 from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
-from kvscope.records.tokens import TOKENS_JSONL, PromptTokenIds
+from kvscope.records.tokens import TOKENS_ARROW, TOKENS_SCHEMA, PromptTokenIds
 from kvscope.records.tools import TOOLS_JSONL, ToolCall
 
-STREAMS = (REQUESTS_JSONL, TOKENS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL)
+STREAMS = (REQUESTS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL)  # JSON lines
+Writer = JsonlWriter[Any] | ArrowWriter[Any]
 
 
 class CallStreams:
     def __init__(self, run_dir: Path, *, tokens: bool, payloads: bool, part: str = "") -> None:
         """`tokens`: whether calls can have prompt token ids (a tokenizer, or an engine that
-        returns them): then prompt_tokens.jsonl is written. `part`: "" for the session's own
+        returns them): then prompt_tokens.arrow is written. `part`: "" for the session's own
         streams, `.<pid>` for a part file of another process."""
         self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
@@ -37,8 +41,8 @@ class CallStreams:
         run_dir, self.part = self.run_dir, part
         self.requests: JsonlWriter[RequestRecord] = JsonlWriter(run_dir / (REQUESTS_JSONL + part))
         self.tools: JsonlWriter[ToolCall] = JsonlWriter(run_dir / (TOOLS_JSONL + part))
-        self.tokens: JsonlWriter[PromptTokenIds] | None = (
-            JsonlWriter(run_dir / (TOKENS_JSONL + part)) if self.has_tokens else None
+        self.tokens: ArrowWriter[PromptTokenIds] | None = (
+            token_writer(run_dir / (TOKENS_ARROW + part)) if self.has_tokens else None
         )
         self.payloads: JsonlWriter[CallPayload] | None = (
             JsonlWriter(run_dir / (PAYLOADS_JSONL + part)) if self.has_payloads else None
@@ -75,7 +79,7 @@ class CallStreams:
         if self.payloads is not None:
             self._append(self.payloads, payload)
 
-    def _append(self, writer: JsonlWriter, record: Any) -> None:  # type: ignore[type-arg]
+    def _append(self, writer: Writer, record: Any) -> None:
         """Append; the first WriteError (a full disk) is kept in `write_error` and raised."""
         try:
             writer.append(record)
@@ -83,7 +87,7 @@ class CallStreams:
             self.write_error = self.write_error or err
             raise
 
-    def writers(self) -> list[JsonlWriter]:  # type: ignore[type-arg]
+    def writers(self) -> list[Writer]:
         return [w for w in (self.requests, self.tools, self.tokens, self.payloads) if w]
 
     def close(self) -> None:
@@ -94,10 +98,17 @@ class CallStreams:
             merge_parts(self.run_dir)
 
 
+def token_writer(path: Path) -> ArrowWriter[PromptTokenIds]:
+    """The appender of a prompt-token stream (records.tokens: one record batch per call)."""
+    return ArrowWriter(path, TOKENS_SCHEMA, PromptTokenIds.to_batch)
+
+
 def merge_parts(run_dir: Path) -> int:
     """Append every `<stream>.<pid>` part file to its stream, in pid order, and remove it; how
-    many parts were merged."""
-    merged = 0
+    many parts were merged. A part is removed only once its records are in the stream: a crash
+    while merging leaves it to be merged again (a prompt-token record twice: its last wins).
+    The prompt-token stream is also rewritten in large batches (records.base.compact)."""
+    merged = _merge_arrow(run_dir, TOKENS_ARROW, TOKENS_SCHEMA)
     for name in STREAMS:
         parts = sorted(run_dir.glob(f"{name}.*"), key=lambda p: p.suffix)
         if not parts:
@@ -111,3 +122,12 @@ def merge_parts(run_dir: Path) -> int:
                 part.unlink()
                 merged += 1
     return merged
+
+
+def _merge_arrow(run_dir: Path, name: str, schema: pa.Schema) -> int:
+    """The Arrow stream's parts appended to it, batch by batch (torn tails left off), and the
+    stream rewritten in large batches (records.base.compact); how many parts were merged."""
+    parts = sorted(run_dir.glob(f"{name}.*"), key=lambda p: p.suffix)
+    if (run_dir / name).exists() or parts:
+        compact(run_dir / name, schema, parts)
+    return len(parts)

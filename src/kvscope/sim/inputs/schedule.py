@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kvscope.finalize.provenance import admitted_ns
-from kvscope.records.kv_events import KV_EVENTS_JSONL, KV_EVENTS_PARQUET, events_of, read_batches
+from kvscope.records.kv_events import KV_EVENTS_PARQUET, events_of, events_path, read_batches_in
 
 SAME_STEP_S = 0.005  # below one engine step; above the jitter of first-token arrival times
 
@@ -53,14 +53,14 @@ def scheduled_start(row: dict[str, Any]) -> float:
 def first_stores(run_dir: Path) -> dict[str, StoreAt]:
     """request_uuid -> where its first BlockStored is in the engine's KV event stream.
 
-    From kv_events.parquet when finalize wrote it, else kv_events.jsonl; empty without either
+    From kv_events.parquet when finalize wrote it, else the KV event stream; empty without either
     (an engine without KV events, or one that does not name the request)."""
     if (run_dir / KV_EVENTS_PARQUET).exists():
         table = pq.read_table(run_dir / KV_EVENTS_PARQUET, columns=["seq", "kind", "session_id"])
         cols = (table[c].to_pylist() for c in ("seq", "kind", "session_id"))
         triples = zip(*cols, strict=True)
-    elif (run_dir / KV_EVENTS_JSONL).exists():
-        batches, _ = read_batches(run_dir / KV_EVENTS_JSONL)
+    elif events_path(run_dir) is not None:
+        batches, _ = read_batches_in(run_dir)
         triples = ((b.seq, e.kind, e.session_id) for b, e in events_of(batches))
     else:
         return {}

@@ -36,7 +36,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.run_dir import read_run_json
-from kvscope.records.tokens import TOKENS_JSONL, load_tokens
+from kvscope.records.tokens import TOKENS_ARROW, has_tokens, load_tokens
 from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -99,9 +99,9 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
     """A run directory's successful calls with token ids, in start order (see module doc)."""
     if not requests.exists(run_dir):
         raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
-    if not (run_dir / TOKENS_JSONL).exists():
+    if not has_tokens(run_dir):
         raise KvscopeError(
-            f"{run_dir} has no {TOKENS_JSONL}: Level 3 prompt token ids were not captured, "
+            f"{run_dir} has no {TOKENS_ARROW}: Level 3 prompt token ids were not captured, "
             "so the run's prompts cannot be replayed"
         )
     info = read_run_json(run_dir)
