@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from kvscope.finalize.blockhash import prompt_blocks
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.provenance import build_ledger, provenance
+from kvscope.records.blockkey import prompt_blocks
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 AGENTS = ("planner", "executor", "expresser", "reviewer")

@@ -21,11 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import ROOT
 
-from kvscope.finalize import blockhash, finalize, kvcolumns, tables
+from kvscope.finalize import finalize, kvcolumns, tables
 from kvscope.finalize.blocktable import CLEARED, EVICTED, STILL_CACHED
 from kvscope.finalize.kvcolumns import KvColumns, columns_of, events_table, read_columns
 from kvscope.finalize.ledger import KEYED, ORPHAN, UNMATCHABLE, build_ledger, ledger_of
 from kvscope.probe.streams import token_writer
+from kvscope.records import blockkey
 from kvscope.records.base import ArrowWriter
 from kvscope.records.kv_events import (
     BATCHES_SCHEMA,
@@ -196,7 +197,7 @@ def test_the_ledger() -> None:
     assert ledger.session_id == ["A", "A", "C", "C", "D", "B", None, "E", "F"]
     assert ledger.evictor == ["B", None, None, None, "C", "E", None, None, None]
     assert (ledger.block_size, ledger.orphan_blocks) == (4, 3)
-    keys, _, _ = blockhash.prompt_blocks([np.array([*S, 5, 6, 7, 8, 9, 9, 9, 9])], 4)
+    keys, _, _ = blockkey.prompt_blocks([np.array([*S, 5, 6, 7, 8, 9, 9, 9, 9])], 4)
     assert ledger.key[[0, 1, 5, 6]].tolist() == keys.tolist()  # S, then B's, then 7 behind it
 
 

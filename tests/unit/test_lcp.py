@@ -3,10 +3,11 @@
 import random
 
 import numpy as np
+from oracles import PrefixIndex
 
 from kvscope.finalize import lcp
 from kvscope.finalize.prompts import Prompts
-from kvscope.records.tokens import PrefixIndex, common_prefix
+from kvscope.records.tokens import common_prefix
 
 
 def test_longest_with_earlier_is_the_prefix_index() -> None:

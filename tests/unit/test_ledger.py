@@ -8,9 +8,9 @@ every life still cached.
 import numpy as np
 from test_provenance import EVENTS, S, a, b, batch, stored, z
 
-from kvscope.finalize import blockhash
 from kvscope.finalize.blocktable import CLEARED, EVICTED, STILL_CACHED
 from kvscope.finalize.ledger import KEYED, ORPHAN, UNMATCHABLE, build_ledger
+from kvscope.records import blockkey
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 
@@ -31,7 +31,7 @@ def test_columns_in_ledger_order() -> None:
 def test_keys_are_the_prompts_prefix_keys() -> None:
     ledger = build_ledger(EVENTS)
     assert (ledger.key_state == KEYED).all()
-    keys, _, _ = blockhash.prompt_blocks([np.array(S + a), np.array(S + b), np.array(z + S)], 4)
+    keys, _, _ = blockkey.prompt_blocks([np.array(S + a), np.array(S + b), np.array(z + S)], 4)
     assert ledger.key[:3].tolist() == keys[:3].tolist()  # S, S, a
     assert ledger.key[3] == keys[5]  # b behind S
     assert ledger.key[4] == ledger.key[2]  # C's a: a new life of the same key

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracles import PrefixIndex
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kvscope.finalize.divergence import with_divergence
 from kvscope.probe.tokens import ChatTokenizer, token_hash
 from kvscope.records.metrics import instant_series_jsonl
-from kvscope.records.tokens import TOKENS_JSONL, PrefixIndex, common_prefix, load_tokens
+from kvscope.records.tokens import TOKENS_JSONL, common_prefix, load_tokens
 
 # SmolLM2-135M-Instruct's chat template, as the model folder ships it.
 TEMPLATE = (

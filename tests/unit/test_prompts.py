@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvscope.finalize import blockhash, piecehash
+from kvscope.finalize import piecehash
 from kvscope.finalize.prompts import Prompts, load_prompts
+from kvscope.records import blockkey
 from kvscope.records.tokens import TOKENS_JSONL, load_tokens
 
 
@@ -37,9 +38,9 @@ def test_prompts_give_back_their_tokens_in_any_selection_and_batch(seed: int) ->
     which = [r.randrange(len(ps)) for _ in range(6)]
     chosen = prompts.select(which)
     assert [chosen.tokens(j).tolist() for j in range(len(which))] == [ps[i] for i in which]
-    # blockhash reads Prompts as it reads the lists
+    # blockkey reads Prompts as it reads the lists
     for got, want in zip(
-        blockhash.prompt_blocks(chosen, 4), blockhash.prompt_blocks([ps[i] for i in which], 4),
+        blockkey.prompt_blocks(chosen, 4), blockkey.prompt_blocks([ps[i] for i in which], 4),
         strict=True,
     ):  # fmt: skip
         assert np.array_equal(got, want)
@@ -102,9 +103,9 @@ def test_first_windows_found_on_distinct_pieces_are_those_of_every_window(seed: 
     for size in (1, 2, 3, 4, 5):
         # queries: every window of the prompts, some blocks of them, and hashes held by none
         every = [p[i : i + size] for p in ps for i in range(len(p) - size + 1)]
-        held = blockhash.prompt_blocks(every, size)[1] if every else np.zeros(0, np.uint64)
+        held = blockkey.prompt_blocks(every, size)[1] if every else np.zeros(0, np.uint64)
         queries = np.unique(np.concatenate([held, np.array([1, 2, 3], dtype=np.uint64)]))
-        want = blockhash.first_windows_of_sorted(ps, size, queries)
+        want = blockkey.first_windows_of_sorted(ps, size, queries)
         for worth in (np.inf, 0.0):  # found on the pieces and pairs; on every window
             got = piecehash.first_windows_of_sorted(prompts, size, queries, worth)
             assert got.tolist() == want.tolist()
@@ -118,7 +119,7 @@ def test_block_keys_from_distinct_pieces_are_those_of_the_tokens(seed: int) -> N
     dtype = r.choice([np.uint16, np.int32, np.int64])
     prompts = Prompts.of([np.array(p, dtype=dtype) for p in ps], r.choice([4, 8, 16]))
     for size in (1, 2, 3, 4, 8):  # 3 divides no piece: every token hashed
-        want = blockhash.prompt_blocks(ps, size)
+        want = blockkey.prompt_blocks(ps, size)
         got = piecehash.prompt_blocks(prompts, size)
         assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
         keys, hashes, _ = piecehash.prompt_blocks(prompts, size, hashes=False)

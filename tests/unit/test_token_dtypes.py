@@ -1,4 +1,4 @@
-"""load_tokens gives uint16 ids when a run's ids fit (records.token_lines): every consumer of
+"""load_tokens gives uint16 ids when a run's ids fit (records.tokens): every consumer of
 them must give what it gives on the same ids as int32 (KV events' ids) or int64, and no uint16
 arithmetic may wrap (a -1 padding, a difference)."""
 
@@ -16,15 +16,16 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import ROOT
+from oracles import PrefixIndex, first_windows
 
-from kvscope.finalize import blockhash, finalize, lcp
+from kvscope.finalize import finalize, lcp
 from kvscope.finalize.divergence import with_divergence
 from kvscope.finalize.prompts import Prompts, load_prompts
 from kvscope.live import calls as live
-from kvscope.records import requests
+from kvscope.records import blockkey, requests
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.kv_events import KV_EVENTS_PARQUET
-from kvscope.records.tokens import PrefixIndex, common_prefix, load_tokens
+from kvscope.records.tokens import common_prefix, load_tokens
 from kvscope.sim.inputs import convert
 from kvscope.sim.inputs.sources import load_source
 from kvscope.sim.results.summary import summarize
@@ -57,24 +58,24 @@ def as_dtype(ps: list[list[int]], dtype: Any) -> list[np.ndarray]:
 def test_block_keys_hashes_and_windows_do_not_depend_on_the_dtype(seed: int) -> None:
     ps = prompts(seed)
     for size in (1, 4, 16):
-        want_blocks = blockhash.prompt_blocks(ps, size)  # Python ints
+        want_blocks = blockkey.prompt_blocks(ps, size)  # Python ints
         flat, ends = (
             np.concatenate([np.array(p, np.int64) for p in ps]),
             np.cumsum(list(map(len, ps))),
         )
         spans = (ends - np.array(list(map(len, ps))), ends)
-        want_pieces = blockhash.span_hashes(flat, *spans)
+        want_pieces = blockkey.span_hashes(flat, *spans)
         queries = want_blocks[1][::3]
-        want_first = blockhash.first_windows(ps, size, queries)
+        want_first = first_windows(ps, size, queries)
         for dtype in DTYPES:
             arrays = as_dtype(ps, dtype)
-            got = blockhash.prompt_blocks(arrays, size)
+            got = blockkey.prompt_blocks(arrays, size)
             assert all(np.array_equal(x, y) for x, y in zip(got, want_blocks, strict=True))
-            assert np.array_equal(blockhash.span_hashes(flat.astype(dtype), *spans), want_pieces)
-            assert np.array_equal(blockhash.first_windows(arrays, size, queries), want_first)
+            assert np.array_equal(blockkey.span_hashes(flat.astype(dtype), *spans), want_pieces)
+            assert np.array_equal(first_windows(arrays, size, queries), want_first)
         # a prompt's ids as uint16 against the KV events' ids as int32: the same block keys
         mixed = as_dtype(ps[:15], np.uint16) + as_dtype(ps[15:], np.int32)
-        got = blockhash.prompt_blocks(mixed, size)
+        got = blockkey.prompt_blocks(mixed, size)
         assert all(np.array_equal(x, y) for x, y in zip(got, want_blocks, strict=True))
 
 

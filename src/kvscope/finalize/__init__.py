@@ -3,7 +3,7 @@ Level 3 provenance, KV events, block lives), the same at the end of a run and in
 
 tables.py reads and writes the run directory; divergence.py (where prompts first diverge) and
 provenance.py (the block ledger: who stored, reused and evicted each block) fill the columns.
-The prompts' token ids are held as prompts.py's distinct pieces, hashed by blockhash.py (on
+The prompts' token ids are held as prompts.py's distinct pieces, hashed by records.blockkey (on
 every token) and piecehash.py (on the distinct pieces).
 """
 

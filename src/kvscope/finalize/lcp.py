@@ -1,6 +1,6 @@
 """The longest common prefix of each prompt with any earlier one, on arrays (first divergence).
 
-The answer of records.tokens.PrefixIndex (its longest, then add, for each prompt in turn), all
+The answer of a PrefixIndex (tests/unit/oracles.py: its longest, then add, for each prompt), all
 at once: the prompts are sorted once; the longest common prefix with an earlier one is reached
 at the nearest earlier ones in sorted order (longest_from_sorted). The sort keys are the ranks
 of the prompts' pieces (finalize.prompts: each distinct piece held once) among the distinct

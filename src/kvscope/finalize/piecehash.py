@@ -1,9 +1,9 @@
 """Block keys and token windows of Prompts, computed on their distinct content.
 
-blockhash hashes every token of every prompt. On Prompts (finalize.prompts: each distinct piece
+blockkey hashes every token of every prompt. On Prompts (finalize.prompts: each distinct piece
 held once) most of that repeats:
 - prompt_blocks: a block within a piece has its key from the piece's own running sum at the
-  block's end (blockhash.row_sums, once per distinct piece) chained on the sums of the pieces
+  block's end (blockkey.row_sums, once per distinct piece) chained on the sums of the pieces
   before it in the prompt, so the per-token work is over the distinct pieces only;
 - first_windows_of_sorted: a window within a piece is held by every prompt holding the piece,
   and one across two pieces by every prompt holding the two in a row; so the windows of each
@@ -12,15 +12,15 @@ held once) most of that repeats:
   PEER-like run with 16-token blocks, a third of the tokens are hashed. Where windows are as
   long as a piece, the pairs' tokens approach every prompt's, and every window is hashed
   instead.
-Both give exactly what blockhash gives on the prompts' tokens.
+Both give exactly what blockkey gives on the prompts' tokens.
 """
 
 from collections.abc import Sequence
 
 import numpy as np
 
-from kvscope.finalize import blockhash
 from kvscope.finalize.prompts import Prompts, Tokens
+from kvscope.records import blockkey
 
 _MOST_PER_PIECE = 16  # block ends a piece for prompt_blocks (its sums: 8 bytes each)
 # the pieces' and pairs' tokens hashed against every prompt's: above this share, hashing every
@@ -30,7 +30,7 @@ WORTH = 0.6
 
 
 class _Distinct:
-    """The distinct pieces as blockhash.Batches (each piece a prompt)."""
+    """The distinct pieces as blockkey.Batches (each piece a prompt)."""
 
     def __init__(self, prompts: Prompts) -> None:
         self.rows, self.lengths = prompts.rows, prompts.width
@@ -41,7 +41,7 @@ class _Distinct:
 
 
 class _Junctions:
-    """Pairs of pieces as blockhash.Batches: pair k is the last `k` tokens of piece a[k] (a
+    """Pairs of pieces as blockkey.Batches: pair k is the last `k` tokens of piece a[k] (a
     whole piece: one followed by another) then the first `k` of piece b[k] (fewer when it is
     shorter): every window of `k + 1` tokens in it spans the two."""
 
@@ -58,12 +58,12 @@ class _Junctions:
 def first_windows_of_sorted(
     prompts: Prompts, size: int, uniq: np.ndarray, worth: float = WORTH
 ) -> np.ndarray:
-    """blockhash.first_windows_of_sorted(prompts, size, uniq): for each sorted, distinct query
+    """blockkey.first_windows_of_sorted(prompts, size, uniq): for each sorted, distinct query
     hash, the first prompt holding a window of `size` tokens with it (len(prompts): none).
     Found on the pieces and pairs unless they hold more than `worth` of the prompts' tokens."""
     n = len(prompts)
     if size > prompts.piece or not n or not len(uniq):  # a window may span three pieces
-        return blockhash.first_windows_of_sorted(prompts, size, uniq)
+        return blockkey.first_windows_of_sorted(prompts, size, uniq)
     counts = np.diff(prompts.offsets)
     followed = np.ones(len(prompts.seq), dtype=bool)  # a piece with another after it
     followed[prompts.offsets[1:][counts > 0] - 1] = False
@@ -73,43 +73,43 @@ def first_windows_of_sorted(
     del pair, at
     hashed = int(prompts.width.sum()) + len(first) * 2 * (size - 1)
     if hashed > worth * int(prompts.lengths.sum()):  # little shared, or windows near a piece
-        return blockhash.first_windows_of_sorted(prompts, size, uniq)
+        return blockkey.first_windows_of_sorted(prompts, size, uniq)
     holder = np.repeat(np.arange(n, dtype=np.int64), counts)  # the prompt of each piece held
     first_of = np.full(len(prompts.rows), n, dtype=np.int64)
     np.minimum.at(first_of, prompts.seq, holder)
-    found = blockhash.first_windows_of_sorted(_Distinct(prompts), size, uniq, first_of, n)
+    found = blockkey.first_windows_of_sorted(_Distinct(prompts), size, uniq, first_of, n)
     if size == 1:
         return found
     junctions = _Junctions(prompts, prompts.seq[first], prompts.seq[first + 1], size - 1)
-    across = blockhash.first_windows_of_sorted(junctions, size, uniq, holder[first], n)
+    across = blockkey.first_windows_of_sorted(junctions, size, uniq, holder[first], n)
     return np.minimum(found, across)
 
 
 def prompt_blocks(
     prompts: "Prompts | Sequence[Tokens]", size: int, hashes: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """blockhash.prompt_blocks(prompts, size, hashes): (keys, hashes, offsets) of every full
+    """blockkey.prompt_blocks(prompts, size, hashes): (keys, hashes, offsets) of every full
     block of every prompt, from the distinct pieces where `size` divides the piece."""
     if (
         not isinstance(prompts, Prompts)
         or prompts.piece % size
         or prompts.piece // size > _MOST_PER_PIECE
     ):
-        return blockhash.prompt_blocks(prompts, size, hashes)
-    sums = blockhash.row_sums(prompts.rows, prompts.width, size)  # (distinct pieces, piece // size)
+        return blockkey.prompt_blocks(prompts, size, hashes)
+    sums = blockkey.row_sums(prompts.rows, prompts.width, size)  # (distinct pieces, piece // size)
     counts = prompts.lengths // size
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     keys = np.empty(int(offsets[-1]), dtype=np.uint64)
     own = np.empty(len(keys) if hashes else 0, dtype=np.uint64)
-    fwd, inv = blockhash.powers(int(prompts.lengths.max(initial=0)) + 1)
+    fwd, inv = blockkey.powers(int(prompts.lengths.max(initial=0)) + 1)
     base = _piece_starts(prompts, sums[:, -1], inv)
-    for span in blockhash.batches(counts, _BLOCKS):
+    for span in blockkey.batches(counts, _BLOCKS):
         c = counts[span.start : span.stop]
         n = int(c.sum())
         if not n:
             continue
-        nth = blockhash.within(c)  # the block's index in its prompt
+        nth = blockkey.within(c)  # the block's index in its prompt
         end = (nth + 1) * size  # in tokens
         piece = (end - 1) // prompts.piece  # its piece's index in its prompt
         flat = np.repeat(prompts.offsets[span.start : span.stop], c) + piece
@@ -121,7 +121,7 @@ def prompt_blocks(
         if hashes:
             parent = np.concatenate([np.zeros(1, dtype=np.uint64), got[:-1]])
             parent[nth == 0] = 0
-            own[offsets[span.start] : offsets[span.stop]] = blockhash.unchain(got, parent, size)
+            own[offsets[span.start] : offsets[span.stop]] = blockkey.unchain(got, parent, size)
     return keys, own, offsets
 
 
@@ -132,7 +132,7 @@ def _piece_starts(prompts: Prompts, whole: np.ndarray, inv: np.ndarray) -> np.nd
     """Per piece held (prompts.seq), the cumsum G of its prompt at the piece's start: the
     whole sums of the pieces before it in the prompt, each scaled by B^-(its start)."""
     counts = np.diff(prompts.offsets)
-    nth = blockhash.within(counts)
+    nth = blockkey.within(counts)
     with np.errstate(over="ignore"):
         part = inv[nth * prompts.piece] * whole[prompts.seq]
         before = np.cumsum(part, dtype=np.uint64) - part  # over every prompt, then less

@@ -15,7 +15,7 @@ in flight. Both are marked as inferred in the output.
 Uncached blocks are evicted (every earlier life of the key was removed by then), cold (a prompt
 that started earlier holds the same prefix: it was still being computed) or layout (a prompt
 that started earlier held the block's tokens at any offset, behind another prefix), else cold.
-Keys and hashes come from finalize.blockhash (numpy); every request's blocks are looked up in
+Keys and hashes come from records.blockkey (numpy); every request's blocks are looked up in
 the ledger at once (finalize.keylives.KeyIndex, in chunks), and the layout check is answered for
 all requests at once after that, keeping only the windows whose hash some check asks for. The
 ledger is read, never changed: the results per life (owner, hits, needs) are the block table's.
@@ -31,12 +31,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import blockhash, heaptrim, piecehash
+from kvscope.finalize import heaptrim, piecehash
 from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
 from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import NEVER, KeyIndex
 from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
 from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
+from kvscope.records import blockkey
 from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK
 
 _CHUNK = 1 << 16  # prompt blocks looked up at once (temporaries: a few of 8 bytes each)
@@ -73,7 +74,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class _Prompts:
-    """The prompts with tokens, in start order, as flat block arrays (blockhash.prompt_blocks)."""
+    """The prompts with tokens, in start order, as flat block arrays (blockkey.prompt_blocks)."""
 
     listed: Prompts  # their token ids
     position: list[int]  # index in the start order of each prompt
@@ -82,12 +83,12 @@ class _Prompts:
     size: int  # tokens a block
 
     def hashes(self, flat: np.ndarray) -> np.ndarray:
-        """The blocks' own hashes, from their keys: a key chains on its parent's (blockhash:
+        """The blocks' own hashes, from their keys: a key chains on its parent's (blockkey:
         key = parent * B^size + hash; a prompt's first block's parent key is 0), so the hashes
         need not be held beside the keys (~60 MiB at 100k prompts)."""
         first = flat == self.offsets[self.holder(flat)]
         parent = np.where(first, 0, self.keys[np.maximum(flat - 1, 0)])
-        return blockhash.unchain(self.keys[flat], parent, self.size)
+        return blockkey.unchain(self.keys[flat], parent, self.size)
 
     def seen_before(self, flat: np.ndarray) -> np.ndarray:
         """For flat blocks: whether a prompt that started earlier holds the same prefix key.
@@ -247,7 +248,7 @@ def _match(
         b = max(int(np.searchsorted(ends, ends[a] - n_blocks[a] + _CHUNK, side="right")), a + 1)
         counts = n_blocks[a:b]
         req = np.repeat(np.arange(a, b), counts)  # the request of each block looked up
-        within = blockhash.within(counts)
+        within = blockkey.within(counts)
         flat = lo[req] + within  # in prompts' flat arrays
         hit = within < hit_blocks[req]
         m = index.query(prompts.keys[flat], t[req], hit)

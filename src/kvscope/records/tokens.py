@@ -11,7 +11,6 @@ to the stream, batch by batch, on close (probe.streams.merge_parts). Runs writte
 format have prompt_tokens.jsonl (one JSON object per line, same fields), read the same way.
 """
 
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,39 +209,3 @@ def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) 
     differ = np.asarray(a[:n]) != np.asarray(b[:n])
     i = int(differ.argmax())  # the first True, or 0 when there is none
     return i if differ[i] else n
-
-
-_KEY = np.dtype(">u4")  # big-endian: bytes compare as the token sequences do
-
-
-def _key(ids: Sequence[int] | np.ndarray) -> bytes:
-    a = np.asarray(ids)
-    if len(a) and (a.min() < 0 or a.max() > 0xFFFF_FFFF):
-        raise ValueError("PrefixIndex holds token ids in [0, 2**32)")
-    return a.astype(_KEY).tobytes()
-
-
-class PrefixIndex:
-    """Longest common prefix of a sequence with any sequence added before, in O(L + log n).
-
-    Among sorted sequences, the longest common prefix with a query is reached at the query's
-    sorted neighbours, so only two comparisons are needed per query. Sequences are held as
-    big-endian 4-byte token ids (4 bytes a token: ids must lie in [0, 2**32)), whose byte order
-    is the sequences' lexicographic order, so the search is bytes comparisons.
-    """
-
-    def __init__(self) -> None:
-        self._sorted: list[bytes] = []
-
-    def longest(self, ids: Sequence[int] | np.ndarray) -> int:
-        key = _key(ids)
-        i = bisect_left(self._sorted, key)
-        return max((_common_bytes(key, s) for s in self._sorted[max(i - 1, 0) : i + 1]), default=0)
-
-    def add(self, ids: Sequence[int] | np.ndarray) -> None:
-        key = _key(ids)
-        self._sorted.insert(bisect_left(self._sorted, key), key)
-
-
-def _common_bytes(a: bytes, b: bytes) -> int:
-    return common_prefix(np.frombuffer(a, dtype=_KEY), np.frombuffer(b, dtype=_KEY))

@@ -1,9 +1,10 @@
 """The trace the simulator replays: one row per request, prompts as chained block keys.
 
 A block key identifies a full block of `block_size` prompt tokens *and its whole prefix*: two
-requests share their k-th key exactly when their first k blocks are token for token the same
-(the chaining vLLM and SGLang hash with). Keys come from token ids (`chain_keys`) or are given
-(a Mooncake trace's `hash_ids`). Blocks are stored flat: request i's keys are
+requests share their k-th key (from 0) exactly when their first k + 1 blocks are token for token
+the same (the chaining vLLM and SGLang hash with). Keys come from token ids (`chain_keys`:
+records.blockkey's keys, the ones a finalized run's blocks have) or are given (a Mooncake
+trace's `hash_ids`, kept as given). Blocks are stored flat: request i's keys are
 `keys[offsets[i]:offsets[i + 1]]` (CSR), so a 100k-request trace is a few numpy arrays.
 
 Timing: `start_s` is when the engine began the request (its blocks are taken), `end_s` when
@@ -19,57 +20,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvscope.records import blockkey
 from kvscope.records.requests import transition_label
-
-_MASK = (1 << 64) - 1
-_BASE = 0x9E3779B97F4A7C15  # odd: invertible modulo 2**64
-_BASE_INV = pow(_BASE, -1, 1 << 64)
-
-
-def _weights(block_size: int) -> np.ndarray:
-    rng = np.random.default_rng(0x6B7673636F7065)  # fixed: keys are comparable across calls
-    return rng.integers(1, 1 << 63, size=block_size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
 def chain_keys(
     token_ids: Sequence[Sequence[int]] | Sequence[np.ndarray], block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Chained keys of every full block of every prompt, vectorised: (keys uint64, offsets int64).
-
-    key_k = sum_{j<=k} c_j * B^(k-j) mod 2**64, where c_j is a random linear hash of block j's
-    tokens; computed as B^k * cumsum(c_j * B^-j) per request, so no Python loop runs per block.
-    """
-    counts = np.array([len(t) // block_size for t in token_ids], dtype=np.int64)
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    total = int(offsets[-1])
-    if total == 0:
-        return np.zeros(0, dtype=np.uint64), offsets
-    blocks = np.concatenate(
-        [
-            np.asarray(t[: n * block_size], dtype=np.int64).reshape(n, block_size).astype(np.uint64)
-            for t, n in zip(token_ids, counts, strict=True)
-            if n
-        ]
-    )
-    with np.errstate(over="ignore"):
-        content = (blocks * _weights(block_size)).sum(axis=1, dtype=np.uint64)
-        local = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], counts)
-        powers_inv = _powers(_BASE_INV, int(counts.max()))[local]
-        powers = _powers(_BASE, int(counts.max()))[local]
-        running = np.cumsum(content * powers_inv, dtype=np.uint64)
-        base = np.repeat(np.concatenate([[np.uint64(0)], running])[offsets[:-1]], counts)
-        keys = (running - base) * powers
+    """Chained keys of every full block of every prompt: (keys uint64, offsets int64), request
+    i's keys at keys[offsets[i]:offsets[i + 1]]. They are records.blockkey's keys (the ones
+    finalize gives the run's blocks), so a replay's keys and a finalized run's compare."""
+    keys, _, offsets = blockkey.prompt_blocks(token_ids, block_size, hashes=False)
     return keys, offsets
-
-
-def _powers(base: int, n: int) -> np.ndarray:
-    out = np.empty(n, dtype=np.uint64)
-    p = 1
-    for i in range(n):
-        out[i] = p
-        p = (p * base) & _MASK
-    return out
 
 
 @dataclass(frozen=True)
