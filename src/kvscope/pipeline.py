@@ -26,7 +26,7 @@ from kvscope.capture import CaptureSession, Hooks
 from kvscope.config import ExperimentConfig
 from kvscope.finalize import finalize
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
-from kvscope.records.requests import load_table
+from kvscope.records.run_dir import RunDir
 from kvscope.records.status import RunStatus, write_status
 
 Driver = Callable[[CaptureSession], WorkloadOutcome]  # makes the calls while the session is open
@@ -70,7 +70,8 @@ class Pipeline:
         session, on_stage = self.session, self.hooks.on_stage
         on_stage("writing the request table")
         finalize(session.run_dir, session.exported_timings())
-        rows = load_table(session.run_dir).select(["status", "end_ns"]).to_pylist()
+        run = RunDir.open(session.run_dir)  # finalized: opened once for status and analysis
+        rows = run.requests.select(["status", "end_ns"]).to_pylist()
         death = session.engine_death
         status = RunStatus.of(
             rows,
@@ -79,9 +80,9 @@ class Pipeline:
             planned=self.workload.planned,
             ran=self.workload.workflows,
         )
-        write_status(session.run_dir, status, workload=asdict(self.workload))
+        write_status(run.path, status, workload=asdict(self.workload))  # run.json: read after
         self.outcome = publish(
-            analyze_run(session.run_dir),
+            analyze_run(run),
             session.tracking,
             self.workload,
             failure=failure,

@@ -21,12 +21,11 @@ from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
 
 def fitted_cost(source: Source) -> dict[str, Any] | None:
     """The run's fitted prefill cost (analysis.latency.fit_prefill_cost) as a dict, or None."""
-    if source.run_dir is None:
+    if source.run is None:
         return None
     from kvscope.analysis.latency import fit_prefill_cost
-    from kvscope.records import requests
 
-    fit = fit_prefill_cost(requests.load_table(source.run_dir))
+    fit = fit_prefill_cost(source.run.requests)
     return None if fit is None else asdict(fit)
 
 

@@ -122,11 +122,11 @@ def test_prediction_and_original_per_agent() -> None:
 
 def test_engine_for_the_source_run_on_free_ports_and_capacity() -> None:
     source = load_source(PATHOLOGY)
-    cfg = engine_for(source.run_dir, None, None, 8192)
+    cfg = engine_for(source.run, None, None, 8192)
     assert cfg.kv_capacity_tokens == 8192 and cfg.port != 8000  # type: ignore[union-attr]
-    assert engine_for(source.run_dir, None, "http://x:1", None) is None
+    assert engine_for(source.run, None, "http://x:1", None) is None
     with pytest.raises(KvscopeError):
-        engine_for(source.run_dir, None, "http://x:1", 8192)
+        engine_for(source.run, None, "http://x:1", 8192)
 
 
 @pytest.mark.parametrize(

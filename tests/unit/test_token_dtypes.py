@@ -132,10 +132,8 @@ def as_int32(monkeypatch: pytest.MonkeyPatch) -> Callable[[], AbstractContextMan
     @contextmanager
     def use() -> Iterator[None]:
         with monkeypatch.context() as m:
-            m.setattr("kvscope.sim.inputs.sources.load_tokens", widened)
+            m.setattr("kvscope.records.tokens.load_tokens", widened)  # RunDir.tokens reads it
             m.setattr("kvscope.finalize.tables.load_prompts", widened_prompts)
-            m.setattr(convert, "load_tokens", widened)
-            m.setattr(live, "load_tokens", widened)
             yield
 
     return use

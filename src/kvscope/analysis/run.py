@@ -26,13 +26,11 @@ from kvscope.analysis.server import (
 from kvscope.analysis.server_agents import per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.series import counter_delta
-from kvscope.errors import KvscopeError
-from kvscope.records import metrics, requests
+from kvscope.records import metrics
 from kvscope.records.base import Row
-from kvscope.records.blocks import load_table as load_blocks
 from kvscope.records.finalized import Finalized, KvReport
 from kvscope.records.metrics import ScrapeSummary, Series
-from kvscope.records.run_dir import read_run_json
+from kvscope.records.run_dir import RunDir
 
 
 @dataclass(frozen=True)
@@ -163,19 +161,17 @@ class RunAnalysis:
         }
 
 
-def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
+def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
     """Read a finalized run directory and run every per-run analysis once."""
-    if not requests.exists(run_dir):
-        raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
-    run = read_run_json(run_dir)
-    table = requests.load_table(run_dir)
+    run = RunDir.open(run)
+    run_dir, info, table = run.path, run.info, run.requests
     rows = table.to_pylist()
-    metrics_table = metrics.load_table(run_dir)
+    metrics_table = run.metrics
     metric_rows = metrics_table.to_pylist() if metrics_table is not None else []
     series = metrics.load_series(run_dir)
     sampled = metrics_table is not None or (run_dir / metrics.METRICS_JSONL).exists()
     gaps = run_dir / metrics.METRICS_GAPS
-    blocks = load_blocks(run_dir)
+    blocks = run.blocks
     block_rows = blocks.to_pylist() if blocks is not None else None
     fit = latency.fit_prefill_cost(table)
     servers = replica_servers(run_dir, rows)
@@ -186,7 +182,7 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
     return RunAnalysis(
         run_dir=run_dir,
         label=label or run_dir.name,
-        run=run,
+        run=info,
         requests=table,
         finalized=Finalized.read(run_dir),
         order=order,
@@ -202,7 +198,7 @@ def analyze_run(run_dir: Path, label: str | None = None) -> RunAnalysis:
         workflows=latency.workflow_breakdown(table, fit),
         series=series,
         scrape=metrics.read_gaps(gaps)[0] if gaps.exists() else None,
-        scrape_error=(run.get("capture") or {}).get("scrape_error"),
+        scrape_error=(info.get("capture") or {}).get("scrape_error"),
         server=deployment_summary(servers) if servers else server_summary(series),
         replicas=servers,
         server_agents=per_agent_server(metric_rows),

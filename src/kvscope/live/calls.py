@@ -3,7 +3,7 @@
 `live_calls(source, path)` turns a loaded Source (sim/inputs/sources.py) into `LiveCall`s, in the
 trace's order:
 
-- a run directory: the prompt token ids the run captured (prompt_tokens.jsonl), the recorded
+- a run directory: the prompt token ids the run captured (records.tokens), the recorded
   completion tokens, agent, workflow, previous agent and turn (the request table's turn_id);
   `start_s` is when the call was sent (start_ns), not when the engine scheduled it.
 - a token-id trace: the line's `token_ids` (the file is read again: the Source keeps only keys).
@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.records import requests
-from kvscope.records.tokens import load_tokens
+from kvscope.records.run_dir import RunDir
 from kvscope.sim.inputs.sources import Source
 
 # Synthetic ids stay inside any current model's vocabulary and clear of the low special ids.
@@ -95,9 +94,9 @@ def live_calls(source: Source, path: Path, *, cold: bool = False) -> list[LiveCa
     """The calls to send, in the trace's order (see the module doc)."""
     trace = source.trace
     if source.kind == "run":
-        assert source.run_dir is not None
-        prompts = _run_prompts(source.run_dir, trace.request_ids)
-        turns, sent = _run_rows(source.run_dir, trace.request_ids)
+        assert source.run is not None
+        prompts = _run_prompts(source.run, trace.request_ids)
+        turns, sent = _run_rows(source.run, trace.request_ids)
     elif source.kind == "tokens":
         prompts = _trace_prompts(path, trace.request_ids)
         turns, sent = _visits(trace.agents, trace.workflows), None
@@ -144,19 +143,19 @@ def _recorded(measured: np.ndarray | None, i: int) -> float | None:
     return float(measured[i])
 
 
-def _run_prompts(run_dir: Path, request_ids: Sequence[str]) -> list[Sequence[int]]:
-    tokens = load_tokens(run_dir)
+def _run_prompts(run: RunDir, request_ids: Sequence[str]) -> list[Sequence[int]]:
+    tokens = run.tokens
     missing = [r for r in request_ids if r not in tokens]
     if missing:
-        raise KvscopeError(f"{run_dir}: no prompt token ids for request {missing[0]}")
+        raise KvscopeError(f"{run.path}: no prompt token ids for request {missing[0]}")
     return [tokens[r].tolist() for r in request_ids]
 
 
-def _run_rows(run_dir: Path, request_ids: Sequence[str]) -> tuple[list[int | None], list[float]]:
+def _run_rows(run: RunDir, request_ids: Sequence[str]) -> tuple[list[int | None], list[float]]:
     """Each call's turn and when it was sent (seconds): pacing keeps the app's gaps between a
     call's end and the next call's sending, not the engine's queueing before it scheduled one."""
     cols = ["request_uuid", "turn_id", "start_ns"]
-    rows = {r["request_uuid"]: r for r in requests.load_table(run_dir).select(cols).to_pylist()}
+    rows = {r["request_uuid"]: r for r in run.requests.select(cols).to_pylist()}
     return [rows[r]["turn_id"] for r in request_ids], [
         rows[r]["start_ns"] / 1e9 for r in request_ids
     ]

@@ -20,24 +20,24 @@ from typing import Any
 
 from kvscope.errors import KvscopeError
 from kvscope.live.calls import LiveCall
-from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
+from kvscope.records.run_dir import RunDir
 
 
-def message_calls(run_dir: Path, *, cold: bool = False) -> tuple[list[LiveCall], int]:
+def message_calls(run: RunDir | Path, *, cold: bool = False) -> tuple[list[LiveCall], int]:
     """(the calls to send, how many successful calls had no stored messages)."""
-    if not requests.exists(run_dir):
-        raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
+    run = RunDir.open(run)
+    run_dir = run.path
     rows = [
         r
-        for r in requests.load_table(run_dir).to_pylist()
+        for r in run.requests.to_pylist()
         if r.get("status") == STATUS_OK and r.get("start_ns") is not None
     ]
     rows.sort(key=lambda r: (r["start_ns"], r.get("end_ns") or 0))
     usable = [r for r in rows if r.get("raw_messages_json")]
     if not usable:
         raise KvscopeError(
-            f"{run_dir} has neither prompt token ids (prompt_tokens.jsonl) nor stored messages "
+            f"{run_dir} has neither prompt token ids nor stored messages "
             "(raw_messages_json: run it with store_prompts: true): nothing to replay live"
         )
     calls = []

@@ -37,7 +37,7 @@ from kvscope.live.pacing import Timing
 from kvscope.live.send import REQUEST_TIMEOUT_S, send_calls
 from kvscope.probe.tracing import truncate_param
 from kvscope.publish import RunOutcome, WorkloadOutcome
-from kvscope.records.run_dir import RUN_JSON, read_run_json
+from kvscope.records.run_dir import RUN_JSON, RunDir, read_run_json
 
 LIVE_REPLAY_JSON = "live_replay.json"
 
@@ -75,7 +75,6 @@ def replay_live(
     from kvscope.live.compare import live_document, predicted
     from kvscope.live.pacing import check_pacing, schedule
     from kvscope.profiling import profile_config
-    from kvscope.records.tokens import has_tokens
     from kvscope.sim.inputs.sources import Source, load_source
 
     hooks = hooks or Hooks()
@@ -84,19 +83,18 @@ def replay_live(
         raise KvscopeError("--live: give --engine or --attach, not both")
     source: Source | None = None
     skipped = 0
-    if source_path.is_dir() and not has_tokens(source_path):
+    run = RunDir.open(source_path) if source_path.is_dir() else None  # read once, used by all
+    if run is not None and not run.has_tokens:
         from kvscope.live.messages import message_calls
 
-        every, skipped = message_calls(source_path, cold=settings.cold_prompts)
-        run_dir: Path | None = source_path
+        every, skipped = message_calls(run, cold=settings.cold_prompts)
     else:
-        source = load_source(source_path, settings.block_size)
+        source = load_source(run or source_path, settings.block_size)
         every = live_calls(source, source_path, cold=settings.cold_prompts)
-        run_dir = source.run_dir
     calls = limit_workflows(every, settings.limit_workflows)
     timings = schedule(settings.pacing, [c.workflow for c in calls],
                        [c.start_s for c in calls], [c.end_s for c in calls])  # fmt: skip
-    engine = engine_for(run_dir, settings.engine, settings.attach, settings.capacity_tokens)
+    engine = engine_for(run, settings.engine, settings.attach, settings.capacity_tokens)
     cfg = profile_config(
         f"replay-{_source_name(source_path)}", engine, settings.attach,
         runs_dir=settings.runs_dir, tracking_uri=settings.tracking_uri,
@@ -104,7 +102,7 @@ def replay_live(
     recorded = {
         "source": str(source_path.resolve()),
         "source_kind": source.kind if source is not None else "run (messages)",
-        "source_run_id": read_run_json(run_dir).get("benchmark_run_id") if run_dir else None,
+        "source_run_id": run.info.get("benchmark_run_id") if run is not None else None,
         "pacing": settings.pacing,
         "cold_prompts": settings.cold_prompts,
         "calls": len(calls),
@@ -162,7 +160,7 @@ def _log(outcome: RunOutcome, path: Path) -> list[str]:
 
 
 def engine_for(
-    run_dir: Path | None, engine: Path | None, attach: str | None, capacity: int | None
+    run: RunDir | None, engine: Path | None, attach: str | None, capacity: int | None
 ) -> str | Path | EngineConfig | None:
     """The replay's engine: `attach`, the `engine` YAML, else the source run's own engine (on
     free ports), else the embedded one; `capacity` replaces the KV capacity of a launched one."""
@@ -177,11 +175,11 @@ def engine_for(
 
         data = load_yaml(engine)
         base = parse_engine(data.get("engine", data), str(engine))
-    elif run_dir is not None:
-        recorded = (read_run_json(run_dir).get("config") or {}).get("engine") or {}
+    elif run is not None:
+        recorded = (run.info.get("config") or {}).get("engine") or {}
         if recorded.get("kind") == "attach":
             raise KvscopeError(
-                f"{run_dir} ran on an attached engine: say which with --attach or --engine"
+                f"{run.path} ran on an attached engine: say which with --attach or --engine"
             )
         base = EngineConfig.model_validate(recorded)
         base = base.model_copy(update=_free_ports())

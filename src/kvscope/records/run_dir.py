@@ -1,17 +1,33 @@
-"""A run directory: `runs/<benchmark_run_id>/`, the id's format, and the names of its files.
+"""A run directory: `runs/<benchmark_run_id>/`, the id's format, the names of its files, and
+`RunDir`, the directory opened once for everything that reads it.
 
 Each stream's file name is defined with its record (requests, tokens, metrics, kv_events,
 blocks); the files here are the run's description and what finalize, analysis and the report
 write from the streams.
+
+    run = RunDir.open(path)        # KvscopeError: not a directory
+    run.info                        # run.json ({} without one)
+    run.requests                    # the request table (finalized, else read from the stream)
+    run.tokens                      # request_uuid -> prompt token ids (records.tokens)
+
+Each file is read on first use and kept, so the steps of one command (a replay's source, its
+calls, its engine) read it once. A RunDir does not notice files written after a read: open a new
+one after finalize (which writes the tables).
 """
 
 import json
 import re
 import secrets
 import time
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
+from kvscope.errors import KvscopeError
+from kvscope.records import blocks, metrics, requests, tokens
 from kvscope.records.blocks import BLOCKS_PARQUET
 from kvscope.records.kv_events import KV_EVENTS_PARQUET, KV_SUMMARY
 from kvscope.records.metrics import METRICS_GAPS, METRICS_PARQUET
@@ -100,3 +116,69 @@ def replica_dirs(run_dir: Path) -> dict[str, Path]:
         return {}
     found = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
     return {p.name: p for p in found}  # r2 before r10
+
+
+class RunDir:
+    """A run directory opened once (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def open(cls, path: "Path | RunDir") -> "RunDir":
+        """`path` opened (a RunDir is returned as it is); KvscopeError when it is no directory."""
+        if isinstance(path, RunDir):
+            return path
+        if not Path(path).is_dir():
+            raise KvscopeError(f"{path} is not a run directory")
+        return cls(Path(path))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        """run.json, or {} for a run directory without one."""
+        return read_run_json(self.path)
+
+    @property
+    def has_requests(self) -> bool:
+        return requests.exists(self.path)
+
+    @cached_property
+    def requests(self) -> pa.Table:
+        """The request table; KvscopeError when the directory has none."""
+        if not self.has_requests:
+            raise KvscopeError(f"{self.path} has no request table: not a kvscope run directory")
+        return requests.load_table(self.path)
+
+    @property
+    def has_tokens(self) -> bool:
+        return tokens.has_tokens(self.path)
+
+    @cached_property
+    def tokens(self) -> dict[str, np.ndarray]:
+        """request_uuid -> its prompt token ids, as records.tokens.load_tokens states."""
+        return tokens.load_tokens(self.path)
+
+    @cached_property
+    def metrics(self) -> pa.Table | None:
+        """metrics.parquet (the /metrics samples), None without it."""
+        return metrics.load_table(self.path)
+
+    @cached_property
+    def blocks(self) -> pa.Table | None:
+        """blocks.parquet (one row per block life), None without it."""
+        return blocks.load_table(self.path)
+
+    @cached_property
+    def replicas(self) -> dict[str, Path]:
+        """A deployment run's replica folders by name; {} for a run of one engine."""
+        return replica_dirs(self.path)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.records.tokens import load_tokens
 from kvscope.sim.inputs.sources import Source
 
 
@@ -59,9 +58,9 @@ def mooncake_rows(source: Source) -> list[dict[str, Any]]:
 
 
 def token_rows(source: Source) -> list[dict[str, Any]]:
-    if source.run_dir is None:
+    if source.run is None:
         raise KvscopeError("token-id lines need a run directory's prompt token ids")
-    tokens = load_tokens(source.run_dir)
+    tokens = source.run.tokens
     t = source.trace
     return [
         {

@@ -33,10 +33,9 @@ from typing import Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.records import requests
 from kvscope.records.requests import STATUS_OK
-from kvscope.records.run_dir import read_run_json
-from kvscope.records.tokens import TOKENS_ARROW, has_tokens, load_tokens
+from kvscope.records.run_dir import RunDir
+from kvscope.records.tokens import TOKENS_ARROW
 from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -57,20 +56,26 @@ class Source:
 
     kind: str  # one of KINDS
     trace: Trace
-    run_dir: Path | None = None
+    run: RunDir | None = None  # the run directory, opened once (its calls, tokens, run.json)
     policy: str | None = None
     excluded: dict[str, int] = field(default_factory=dict)
     id_mismatch: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
     excluded_start_s: np.ndarray | None = None
 
+    @property
+    def run_dir(self) -> Path | None:
+        return None if self.run is None else self.run.path
 
-def load_source(path: Path, block_size: int | None = None) -> Source:
+
+def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
     """The trace at `path`: a run directory, or a JSONL trace recognised by its first line."""
+    if isinstance(path, RunDir):
+        return load_run(path, block_size)
     if not path.exists():
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
-        return load_run(path, block_size)
+        return load_run(RunDir.open(path), block_size)
     first = next(_lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")
@@ -95,16 +100,16 @@ def _need_block_size(block_size: int | None, path: Path, what: str) -> int:
 # --- run directories ---------------------------------------------------------------------------
 
 
-def load_run(run_dir: Path, block_size: int | None = None) -> Source:
+def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     """A run directory's successful calls with token ids, in start order (see module doc)."""
-    if not requests.exists(run_dir):
-        raise KvscopeError(f"{run_dir} has no request table: not a kvscope run directory")
-    if not has_tokens(run_dir):
+    run = RunDir.open(run)
+    run_dir, table = run.path, run.requests  # KvscopeError: no request table
+    if not run.has_tokens:
         raise KvscopeError(
             f"{run_dir} has no {TOKENS_ARROW}: Level 3 prompt token ids were not captured, "
             "so the run's prompts cannot be replayed"
         )
-    info = read_run_json(run_dir)
+    info = run.info
     engine_cfg = (info.get("config") or {}).get("engine") or {}
     model = (info.get("environment") or {}).get("model") or {}
     run_bs = model.get("block_size") or engine_cfg.get("page_size")
@@ -116,11 +121,11 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
         raise KvscopeError(f"{run_dir}/run.json does not record the block size: pass --block-size")
     capacity = model.get("capacity_tokens") or engine_cfg.get("kv_capacity_tokens")
 
-    tokens = load_tokens(run_dir)
+    tokens = run.tokens
     excluded: dict[str, int] = {}
     kept: list[dict[str, Any]] = []
     left_out: list[float] = []
-    for row in requests.load_table(run_dir).to_pylist():
+    for row in table.to_pylist():
         reason = _exclusion(row, tokens)
         if reason:
             excluded[reason] = excluded.get(reason, 0) + 1
@@ -165,7 +170,7 @@ def load_run(run_dir: Path, block_size: int | None = None) -> Source:
     return Source(
         "run",
         trace,
-        run_dir,
+        run,
         engine_cfg.get("eviction_policy"),
         excluded,
         mismatch,
