@@ -1,11 +1,8 @@
 """records.blockkey: block keys chain like the engines', windows are found at any offset."""
 
-import gc
-
 import numpy as np
 from oracles import first_windows
 
-from kvscope.finalize.gcpause import gc_paused
 from kvscope.records import blockkey
 
 rng = np.random.default_rng(7)
@@ -53,10 +50,3 @@ def test_windows_are_found_at_any_offset_in_the_first_prompt_holding_them() -> N
     across = blockkey.prompt_blocks([np.concatenate([A[5:7], A[30:32]])], size)[1]
     assert first_windows(prompts, size, across).tolist() == [4]
     assert first_windows(prompts, size, np.zeros(0, np.uint64)).tolist() == []
-
-
-def test_gc_paused_restores_the_collector() -> None:
-    assert gc.isenabled()
-    with gc_paused():
-        assert not gc.isenabled()
-    assert gc.isenabled()

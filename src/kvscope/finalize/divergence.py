@@ -11,8 +11,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from kvscope.finalize import heaptrim
-from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.lcp import Pieces
 from kvscope.finalize.prompts import Prompts, as_prompts
 from kvscope.records.base import Row
@@ -20,7 +18,6 @@ from kvscope.records.base import Row
 COLUMNS = ("first_divergence_same_agent", "first_divergence_previous_agent", "max_reusable_tokens")
 
 
-@without_gc
 def with_divergence(
     rows: Sequence[Row], tokens: Prompts | Mapping[str, Sequence[int] | np.ndarray]
 ) -> list[Row]:
@@ -35,7 +32,6 @@ def with_divergence(
     ]  # fmt: skip
     pieces = Pieces.of(prompts.named(r["request_uuid"] for r in order))
     longest = pieces.longest_with_earlier()
-    heaptrim.release()  # the prefix search's temporaries
     # the pairs (prompt, earlier prompt) per column, in flat arrays: a Python object per pair
     # left ~90 MiB of Python's small-object memory pinned after this pass at 100k calls
     pairs = (array("q"), array("q"), array("q"))  # index in order of: the call, earlier, column
@@ -58,5 +54,4 @@ def with_divergence(
     ints: dict[int | None, int | None] = {-1: None}  # one int object per distinct value
     for r, v in zip(order, zip(*(t.tolist() for t in table), strict=True), strict=True):
         r.update((k, ints.setdefault(x, x)) for k, x in zip(COLUMNS, v, strict=True))
-    heaptrim.release()  # the pairs' temporaries
     return list(rows)

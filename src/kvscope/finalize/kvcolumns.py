@@ -2,7 +2,7 @@
 
 kv_events.read_batches gives a KvBatch and a KvEvent per batch and event, each with its token
 ids as Python ints. Finalize needs the token ids only to hash the stored blocks
-(finalize.blockhash), so `read_columns` reads the stream (kv_events.arrow) a few MB of record
+(records.blockkey), so `read_columns` reads the stream (kv_events.arrow) a few MB of record
 batches at a time as Arrow columns: the token ids stay one flat numpy array, its full blocks are
 hashed and only the hashes kept. What is left is one entry per event and one per row of
 kv_events.parquet (one per block event). An older run's kv_events.jsonl is read as KvBatch
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvscope.finalize import blockhash
+from kvscope.records import blockkey
 from kvscope.records.base import ArrowBatches, is_arrow_stream
 from kvscope.records.kv_events import (
     BATCHES_SCHEMA,
@@ -68,7 +68,7 @@ class KvColumns:
     medium: pa.Array  # string
     first_row: np.ndarray  # int64, one entry more than events
     block_hash: np.ndarray  # int64, per row
-    # per row: the block's own hash (blockhash.prompt_blocks' `hashes`) where `hashed`: a full
+    # per row: the block's own hash (blockkey.prompt_blocks' `hashes`) where `hashed`: a full
     # block (its tokens all carried) of its event's block size, or of the stream's `ledger_size`
     # for an event that gives none
     own_hash: np.ndarray  # uint64
@@ -206,7 +206,7 @@ class _Builder:
         and rows[i] rows from row[i] on."""
         counts = np.minimum([len(x) // size for x in ids], rows)
         blocks = [x[: c * size] for x, c in zip(ids, counts.tolist(), strict=True)]
-        _, hashes, offsets = blockhash.prompt_blocks(blocks, size)
+        _, hashes, offsets = blockkey.prompt_blocks(blocks, size)
         self.hashed_rows.append(np.repeat(row - offsets[:-1], counts) + np.arange(len(hashes)))
         self.hashes.append(hashes)
 

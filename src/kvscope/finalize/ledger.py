@@ -2,7 +2,7 @@
 
 Built from the engine's KV events in publish order (finalize.provenance reads it). A block's
 prefix key is its own tokens chained on its parent's key, the same chaining the engines hash
-with (finalize.blockhash), so a request's k-th full block of prompt tokens has the same key as
+with (records.blockkey), so a request's k-th full block of prompt tokens has the same key as
 a stored block exactly when the whole prefix up to it is identical. A block stored on a parent
 never seen has no key (an orphan); a partial block, one of another size or one chained on such
 a block can never equal a prompt's (unmatchable).
@@ -18,10 +18,9 @@ from itertools import groupby
 
 import numpy as np
 
-from kvscope.finalize import blockhash, heaptrim
 from kvscope.finalize.blocktable import CLEARED, EVICTED, REMOVALS, STILL_CACHED
-from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.kvcolumns import REMOVED, STORED, KvColumns, columns_of
+from kvscope.records import blockkey
 from kvscope.records.kv_events import KvBatch, KvEvent
 
 _ROOT = 0
@@ -105,7 +104,6 @@ def build_ledger(events: Iterable[tuple[KvBatch, KvEvent]]) -> Ledger:
     return ledger_of(columns_of(batches))
 
 
-@without_gc
 def ledger_of(c: KvColumns) -> Ledger:
     """Block lives from a stream's columns (kvcolumns.read_columns), in publish order.
 
@@ -139,7 +137,6 @@ def ledger_of(c: KvColumns) -> Ledger:
     at = rows - c.first_row[event]  # the block's place in its event
     tokens = np.clip(c.n_tokens[event] - at * sizes[event], 0, sizes[event])
     del row_event, full
-    heaptrim.release()
     return Ledger(
         c.block_hash[rows], np.asarray(chain.key), np.asarray(chain.key_state), tokens,
         c.ts_ns[event], c.seq[event], removed_ns, removal,
@@ -182,14 +179,14 @@ def _chain(
                 p = alive.get(parents[n])
                 state = ORPHAN if p is None else key_state[p]
                 k = key[p] if state == KEYED else _UNMATCHABLE if state == UNMATCHABLE else None
-            mult = blockhash.multiplier(block_sizes[n])
+            mult = blockkey.multiplier(block_sizes[n])
             for r in rows:
                 if k is None:
                     orphans += 1
                     key.append(0)
                     key_state.append(ORPHAN)
                 elif is_full[r] and k != _UNMATCHABLE:
-                    k = (k * mult + own[r]) & blockhash.MASK
+                    k = (k * mult + own[r]) & blockkey.MASK
                     key.append(k)
                     key_state.append(KEYED)
                 else:

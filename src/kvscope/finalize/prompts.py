@@ -7,7 +7,7 @@ call by call): each distinct piece is held once, and a prompt is the list of its
 PEER-like 100k-call run the distinct pieces hold a quarter of the tokens (bench/finalize_run.py):
 at 4 bytes a token id (vocabularies past 65,536) ~110 MiB instead of ~460 MiB.
 
-Pieces are told apart by a 64-bit hash of their tokens and length (finalize.blockhash): two
+Pieces are told apart by a 64-bit hash of their tokens and length (records.blockkey): two
 distinct pieces of one hash (about n^2 / 2^65 for n distinct pieces) would be taken as one, as
 two blocks of one key are throughout finalize.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.finalize import blockhash
-from kvscope.finalize.blockhash import Tokens
+from kvscope.records import blockkey
+from kvscope.records.blockkey import Tokens
 from kvscope.records.tokens import token_chunks
 
 # tokens a piece: smaller shares more of a prefix, larger has fewer pieces to sort and hash;
@@ -35,7 +35,7 @@ PIECE = 128
 @dataclass(frozen=True)
 class Prompts:
     """Prompts as lists of distinct pieces: prompt i's k-th piece is rows[seq[offsets[i] + k]],
-    its first width[...] tokens. Implements finalize.blockhash.Batches."""
+    its first width[...] tokens. Implements records.blockkey.Batches."""
 
     rows: np.ndarray  # (distinct pieces, piece): each's tokens, 0 past its width
     width: np.ndarray  # int64, per distinct piece: its tokens (1 .. piece)
@@ -126,9 +126,9 @@ class PromptsBuilder:
         if not n:
             return
         begin = np.repeat(np.asarray(starts, dtype=np.int64), counts)
-        begin += blockhash.within(counts) * size
+        begin += blockkey.within(counts) * size
         end = np.minimum(begin + size, np.repeat(np.asarray(stops, dtype=np.int64), counts))
-        hashes = blockhash.span_hashes(flat, begin, end)
+        hashes = blockkey.span_hashes(flat, begin, end)
         uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         del hashes
         at = np.searchsorted(self.known, uniq)

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.finalize import heaptrim, piecehash
+from kvscope.finalize import piecehash
 from kvscope.finalize.blocktable import EVICTED, STILL_CACHED, LifeColumns, block_table
-from kvscope.finalize.gcpause import without_gc
 from kvscope.finalize.keylives import NEVER, KeyIndex
 from kvscope.finalize.ledger import KEYED, BlockLife, Ledger, build_ledger
 from kvscope.finalize.prompts import Prompts, Tokens, as_prompts
@@ -117,7 +116,6 @@ def _prompts(order: Sequence[Row], tokens: Prompts, size: int) -> _Prompts:
     return _Prompts(listed, position, keys, offsets, size)
 
 
-@without_gc
 def provenance(
     rows: Sequence[Row],
     tokens: Prompts | Mapping[str, Tokens],
@@ -161,10 +159,8 @@ def provenance(
     # the pass's state is freed (and its heap given back: neither Arrow's buffers nor the row
     # dicts come from that heap) before the table, then the lives before the rows
     del prompts, owner, attribution
-    heaptrim.release()
     table = block_table(lives, by_uuid, replica)
     del lives
-    heaptrim.release()
     unknown = sum(r.get("queue_ms") is None for r in done)
     out = Provenance(
         list(rows), table, dict(skipped), unknown, (done, _columns(done, found, layout, size))

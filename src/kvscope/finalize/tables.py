@@ -27,9 +27,8 @@ import pyarrow.parquet as pq
 from kvscope.collect.context import SERIES as CONTEXT_SERIES
 from kvscope.collect.context import context_columns
 from kvscope.errors import KvscopeError
-from kvscope.finalize import heaptrim, replicas, working
+from kvscope.finalize import replicas, working
 from kvscope.finalize.divergence import with_divergence
-from kvscope.finalize.gcpause import gc_paused
 from kvscope.finalize.kvcolumns import KvColumns, events_table, read_columns
 from kvscope.finalize.ledger import ledger_of
 from kvscope.finalize.prompts import Prompts, load_prompts
@@ -71,17 +70,11 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    with heaptrim.arrow_on_heap(), gc_paused():  # the passes free what they make: no cycles
-        return _finalize(run_dir, exported)
-
-
-def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
     stream = working.read(run_dir)  # the passes set their columns on its rows, in place
     rows = with_thread_turns(stream.rows)
     for r in rows if exported else ():
         _add_exported(r, exported.get(r["request_uuid"]))
     tokens = load_prompts(run_dir)
-    heaptrim.release()  # the reader's chunks
     named = replica_dirs(run_dir)
     with ThreadPoolExecutor(1) as pool:  # the KV events read while divergence runs: the
         # reader waits mostly on Arrow, divergence on numpy (both let other threads run)
@@ -89,13 +82,11 @@ def _finalize(run_dir: Path, exported: Timings | None) -> Finalized:
         if tokens:
             rows = with_divergence(rows, tokens)
         caches = reading.result()
-    heaptrim.release()  # the event reader's blocks
     if named:
         rows = _placed(rows, caches)
     context = _with_context(rows, caches)
     rows, n_blocks, report, found = _provenance(run_dir, rows, tokens, caches)
     del tokens, caches  # the largest inputs, freed before the rows grow and the table is built
-    heaptrim.release()
     for p in found:
         p.apply()
     pq.write_table(working.table_with(stream.table, rows), run_dir / requests.REQUESTS_PARQUET)
@@ -119,7 +110,6 @@ def _with_context(rows: list[Row], caches: list[_Cache]) -> int:
             cols = context_columns([r["start_ns"] for r in mine], ends, series)
             for r, values in zip(mine, zip(*cols.values(), strict=True), strict=True):
                 r.update(zip(cols, values, strict=True))
-    heaptrim.release()  # the series' read
     return sum(r.get("cache_used_tokens_before") is not None for r in rows)
 
 
@@ -177,7 +167,6 @@ def _provenance(
         for c in with_events:
             assert c.events is not None
             ev.write_table(events_table(c.events, c.name))
-            heaptrim.release()  # the event table's buffers
             ledger = ledger_of(c.events)
             mine = [r for r in rows if r.get("replica") == c.name]
             prov = provenance(mine, tokens, ledger, c.name, defer=True)

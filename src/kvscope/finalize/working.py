@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pyarrow import json as pa_json
 
 from kvscope.collect import context
-from kvscope.finalize import divergence, heaptrim, routing_misses
+from kvscope.finalize import divergence, routing_misses
 from kvscope.records import requests
 from kvscope.records.base import read_jsonl
 
@@ -70,7 +70,6 @@ def read(run_dir: Path) -> Stream:
         packer.write_table(table)
     rows = _rows(table)
     del table
-    heaptrim.release()  # the reader's blocks (finalize reads with Arrow on the C heap)
     return Stream(sink.getvalue(), rows, skipped)
 
 
