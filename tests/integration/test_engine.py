@@ -58,7 +58,7 @@ def test_dtype_follows_the_cpu_and_is_shown(up: Up) -> None:
     env = json.loads((up.state_dir / "environment.json").read_text())
     choice = env["engine"]["dtype"]
     native = set(env["cpu"]["isa_flags"]) & {"avx512_bf16", "amx_bf16"}
-    if not env["cpu"]["isa_caps"]:  # (caps: tests/unit/test_engine_cpu.py)
+    if not env["cpu"]["isa_caps"]:  # (caps: tests/unit/engines/test_cpu.py)
         assert choice["dtype"] == ("bfloat16" if native else "float32")
     argv = env["engine"]["argv"]
     assert argv[argv.index("--dtype") + 1] == choice["dtype"]

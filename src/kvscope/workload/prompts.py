@@ -26,7 +26,7 @@ AGENTS: tuple[str, ...] = ("planner", "executor", "expresser", "reviewer")
 
 # Bounds, in characters, on what the dynamic state carries: only the latest value of each
 # field, cut so that a two-document task still fits SmolLM2-135M's 2,048-token context
-# with room for the reply (see tests/unit/test_workload_prompts.py for the measured budget).
+# with room for the reply (the measured budget: tests/unit/workload/test_workload_prompts.py).
 STATE_LIMITS: dict[str, int] = {
     "plan": 200,
     "execution_result": 240,

@@ -25,7 +25,7 @@ prompt + that call's reply + a new user message: consecutive calls share the who
 conversation, across agents. The conversation replaces the dynamic-state summary; the question
 and the roles sit once in the system message; the Executor's tool results are cut to 200
 characters and the examples are left out, so that two PEER cycles fit SmolLM2's 2,048-token
-context (measured in tests/unit/test_workload_sharing.py). Bound: a call carries the turns of its
+context (measured in tests/unit/workload/test_sharing.py). Bound: a call carries the turns of its
 own cycle and of the previous one (BRANCH_CYCLES), at most 7 turns; from cycle 3 on the branch is
 thus re-rooted at each cycle's Planner, where the chain of prefix extensions restarts.
 

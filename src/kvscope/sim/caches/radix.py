@@ -46,7 +46,7 @@ slot is an unlocked leaf; evicting it frees pages up the parent chain to the nod
 request, the matched path is locked, touched and unlocked with C-level map calls and
 comprehensions; a Python statement runs per evicted page and per page of a split node's rest
 only. Keys are assumed distinct within a request's chain (chained hashes). Results equal the
-node-tree implementation kept as tests/unit/replay_radix_reference.py.
+node-tree implementation kept as tests/unit/sim/radix_reference.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hand-made request tables for the analysis tests (imported by the test_analysis_rq* files)."""
+"""Hand-made request tables for the analysis tests (tests/unit/analysis, report)."""
 
 from typing import Any
 

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 import pytest
-from test_analysis_rq_data import MS, request, table
+from request_tables import MS, request, table
 
 from kvscope.analysis.latency import (
     PrefillFit,

@@ -4,7 +4,7 @@ fan-out (3 parallel branches) and a join."""
 from typing import Any
 
 import pytest
-from test_analysis_rq_data import request, table
+from request_tables import request, table
 
 from kvscope.analysis.agents import agent_order
 from kvscope.analysis.predictability import Accuracy, predictability

@@ -225,7 +225,7 @@ def test_branch_extends_the_previous_calls_prompt(tok: "Tokenizer") -> None:
         assert len(now) == len(prev) + 2
 
 
-# Digit-heavy text, the densest a field gets (as in tests/unit/test_workload_prompts.py).
+# Digit-heavy text, the densest a field gets (as in tests/unit/workload/test_workload_prompts.py).
 DENSE = "Revenue 2,418.6 (2023) vs 2,105.3 (2022); (2418.6 - 2105.3) / 2105.3 * 100. " * 9
 
 

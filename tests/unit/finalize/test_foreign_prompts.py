@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_prompt_tokens import TEMPLATE, word_tokenizer
+from test_tokens import TEMPLATE, word_tokenizer
 from tokenizers import processors
 
 from kvscope.finalize.divergence import with_divergence

@@ -167,7 +167,7 @@ def test_finalize_gives_the_same_tables_with_uint16_ids(
 def test_finalize_of_a_deployment_with_uint16_ids(
     tmp_path: Path, as_int32: Callable[[], AbstractContextManager[None]]
 ) -> None:
-    from test_finalize_replicas import write_run
+    from test_deployment_tables import write_run
 
     (tmp_path / "u16").mkdir()
     narrow = write_run(tmp_path / "u16")

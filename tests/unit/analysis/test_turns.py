@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 import pytest
-from test_analysis_rq_data import request, table
+from request_tables import request, table
 
 from kvscope.analysis.turns import agent_summary, agent_turns
 from kvscope.records.requests import RequestRecord

@@ -1,5 +1,5 @@
 """The flat-slot radix cache (kvscope.sim.caches.radix) equals the node-tree reference oracle
-(replay_radix_reference.py) on random traces: every policy, tight and loose capacities,
+(sim/radix_reference.py) on random traces: every policy, tight and loose capacities,
 overlapping requests, outputs, priorities, and requests shorter than a page. SGLang's node
 rules on hand-made traces, and the replay of two recorded SGLang runs against what the engine
 measured."""
@@ -7,12 +7,12 @@ measured."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from replay_radix_reference import simulate_radix as reference
-from replay_sim_helpers import make_trace, random_trace
+from helpers import ROOT
+from radix_reference import simulate_radix as reference
+from sim_helpers import make_trace, random_trace
 
 from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
 from kvscope.sim.caches.result import SimResult
@@ -21,7 +21,7 @@ from kvscope.sim.results.fidelity import DIFF_TARGET, fidelity
 from kvscope.sim.simulate import simulate
 from kvscope.sim.trace import Trace
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
+FIXTURES = ROOT / "tests" / "fixtures" / "replay"
 
 
 def _same(a: SimResult, b: SimResult) -> None:

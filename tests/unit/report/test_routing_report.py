@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_finalize_replicas import write_run
+from test_deployment_tables import write_run
 from typer.testing import CliRunner
 
 from kvscope.analysis.run import RunAnalysis, analyze_run

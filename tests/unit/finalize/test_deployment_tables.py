@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from test_routing import R0, R1, ROWS, TOKENS
+from test_routing_misses import R0, R1, ROWS, TOKENS
 
 from kvscope.finalize import finalize
 from kvscope.records import requests

@@ -1,5 +1,5 @@
 """Reading large streams compactly: rows share their key strings (finalize.kvcolumns reads the
-KV event stream as columns: tests/unit/test_kvcolumns.py)."""
+KV event stream as columns: tests/unit/finalize/test_kvcolumns.py)."""
 
 import json
 from pathlib import Path

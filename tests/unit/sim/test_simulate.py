@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import numpy as np
 import pytest
-from replay_sim_helpers import make_trace, random_trace
+from helpers import ROOT
+from sim_helpers import make_trace, random_trace
 
 from kvscope.sim.caches.reference import simulate_lru
 from kvscope.sim.simulate import POLICIES, simulate
 from kvscope.sim.trace import Trace, chain_keys
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "pathology"
+FIXTURE = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 
 
 def _pathology() -> tuple[Trace, int]:

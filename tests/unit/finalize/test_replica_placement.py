@@ -1,11 +1,10 @@
-"""SGLang replicas behind sglang-router: each call placed on its replica, from what the replicas
-wrote (tests/fixtures/sglang-0.5.23/router/, recorded live: two replicas, round_robin then
-cache_aware; its README names each call's replica, read from the router's debug log).
-
-The router drops kvscope's rid and session_id: a replica names each call with a rid of its
-own, and logs the x-request-id header beside it (SGLANG_LOG_REQUEST_HEADERS, set by
-engines.deployment). finalize.replicas places a call by that header, else by the reply's id.
-"""
+"""Each call placed on the replica that served it (finalize.replicas): vLLM replicas from their logs
+and KV events; SGLang replicas behind sglang-router from what the replicas wrote
+(tests/fixtures/sglang-0.5.23/router/, recorded live: two replicas, round_robin then cache_aware;
+its README names each call's replica, read from the router's debug log). The router drops
+kvscope's rid and session_id: a replica names each call with a rid of its own, and logs the
+x-request-id header beside it (SGLANG_LOG_REQUEST_HEADERS, set by engines.deployment).
+finalize.replicas places a call by that header, else by the reply's id."""
 
 import json
 import shutil
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 from helpers import SGLANG_FIXTURES
-from test_finalize_replicas import full
+from test_deployment_tables import full
 
 from kvscope.config import DeploymentConfig, EngineConfig
 from kvscope.engines import deployment
@@ -162,3 +161,30 @@ def test_finalize_places_every_call_and_joins_the_replicas_exports(tmp_path: Pat
     assert all(got[u]["prefill_ms"] is not None for u in SERVED)
     assert got["kvs-uuid-lost"]["queue_ms"] is None
     assert done.rows == len(rows)
+
+
+# --- vLLM replicas: from their logs and KV events ---
+
+A, B, C, D = (f"{c * 8}-1111-4111-8111-{c * 12}" for c in "abcd")
+LOGS = {
+    # as vLLM 0.32 writes them with --enable-log-requests (the suffix is vLLM's own)
+    "r0": f"(APIServer pid=25170) INFO 11-24 21:46:24 [async_llm.py:578] Added request "
+    f"chatcmpl-{A}-a29d9626.\n"
+    f"(APIServer pid=25170) INFO 11-24 21:46:26 [async_llm.py:578] Added request chatcmpl-{C}.\n"
+    f"(APIServer pid=25170) INFO 11-24 21:46:27 [logger.py:66] Received request chatcmpl-{B}: "
+    "params: ...\n",
+    "r1": f"(APIServer pid=25171) INFO 11-24 21:46:22 [async_llm.py:578] Added request "
+    f"chatcmpl-{B}-9e7360fe.\n"
+    f"(APIServer pid=25171) INFO 11-24 21:46:26 [async_llm.py:578] Added request chatcmpl-{C}.\n",
+}
+
+
+def test_vllm_from_logs() -> None:
+    got = replicas.from_logs(LOGS, [A, B, C, D])
+    # B is only *received* on r0 (never added there); C was added on both: unknown
+    assert got == {A: "r0", B: "r1", C: None, D: None}
+
+
+def test_vllm_from_kv_events() -> None:
+    got = replicas.from_kv_events({"r0": [A, None, A], "r1": [B, C], "r2": [C]}, [A, B, C, D])
+    assert got == {A: "r0", B: "r1", C: None, D: None}

@@ -1,5 +1,5 @@
 """The run directory's records: each stream's record, schema and file name; the appenders and
-readers (JSONL; Arrow IPC streams: tests/unit/test_arrow_streams.py)."""
+readers (JSONL; Arrow IPC streams: tests/unit/records/test_arrow_streams.py)."""
 
 import threading
 from dataclasses import fields

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from test_probe_intercept import BASE, HI, Rows
+from test_intercept import BASE, HI, Rows
 from vllm_stub import EVENTS, USAGE, Stub
 
 from kvscope.config import EngineConfig

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_analysis_rq_data import MS, request
+from request_tables import MS, request
 
 from kvscope.analysis.run import analyze_run
 from kvscope.records import requests

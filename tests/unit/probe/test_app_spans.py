@@ -9,7 +9,7 @@ from typing import Any
 
 import mlflow
 import pytest
-from test_probe_identity import Engine, Loop, llm, planner_executor_loop
+from test_identity import Engine, Loop, llm, planner_executor_loop
 
 from kvscope.config import EngineConfig
 from kvscope.engines.vllm import VllmEngine

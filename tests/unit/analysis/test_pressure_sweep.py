@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 import pytest
-from test_analysis_rq_data import request, table
+from request_tables import request, table
 
 from kvscope.analysis.across_runs import first_to_lose_reuse, pressure_sweep
 

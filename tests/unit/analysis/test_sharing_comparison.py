@@ -1,7 +1,7 @@
 """RQ5: sharing modes compared."""
 
 import pytest
-from test_analysis_rq_data import request, table
+from request_tables import request, table
 
 from kvscope.analysis.across_runs import sharing_comparison
 

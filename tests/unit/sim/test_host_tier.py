@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from replay_sim_helpers import make_trace, random_trace
+from sim_helpers import make_trace, random_trace
 
 from kvscope.sim.caches.host_tier import split_by_agent
 from kvscope.sim.simulate import simulate

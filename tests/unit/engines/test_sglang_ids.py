@@ -11,7 +11,7 @@ import httpx2
 import pytest
 from helpers import SGLANG_FIXTURES
 from test_engine_prompt_ids import Captured
-from test_probe_intercept import BASE, HI
+from test_intercept import BASE, HI
 from vllm_stub import Stub
 
 from kvscope.config import EngineConfig

@@ -1,7 +1,7 @@
 """RQ3: prompt layouts compared, per run and agent."""
 
 import pytest
-from test_analysis_rq_data import request, table
+from request_tables import request, table
 
 from kvscope.analysis.across_runs import layout_comparison
 
