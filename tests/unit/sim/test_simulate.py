@@ -9,9 +9,9 @@ from datetime import datetime
 import numpy as np
 import pytest
 from helpers import ROOT
+from pool_reference import simulate_lru
 from sim_helpers import make_trace, random_trace
 
-from kvscope.sim.caches.reference import simulate_lru
 from kvscope.sim.simulate import POLICIES, simulate
 from kvscope.sim.trace import Trace, chain_keys
 

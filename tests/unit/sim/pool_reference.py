@@ -1,36 +1,6 @@
-"""A plain, slow, obviously-faithful replay of vLLM's prefix cache: the oracle for the fast ones.
-
-vLLM v1's block pool (vllm/v1/core/block_pool.py, kv_cache_manager.py), as replayed here:
-- N physical blocks; a block holds one key (a full block of prompt tokens and its prefix) or none.
-- A request looks up its keys in order and stops at the first miss; at most (prompt - 1) tokens
-  may hit (the last prompt token is always computed), so at most (prompt - 1) // block_size.
-- Hit blocks are touched: taken out of the free queue if no running request holds them.
-- The rest of its blocks, ceil((prompt + output - 1) / block_size) in all (the last sampled
-  token is never fed back, so it takes no KV slot), are popped from the head of the free queue;
-  a popped block that held a hash loses it (the eviction; vLLM emits BlockRemoved).
-- Its full prompt blocks then hold their keys (a key may be held by two blocks; a lookup takes
-  the first stored, as vLLM's `get_cached_block`). Blocks filled up with output tokens
-  ((prompt + output - 1) // block_size full blocks in all) are hashed too, as vLLM hashes every
-  full block it computed, but their content is unknown to a trace: an opaque hash that no lookup
-  matches. The last, partial block has no hash.
-- When it ends, each block no running request holds any more goes back to the free queue, in
-  reverse order (its tail first): a hashed block is appended to the tail, a block without a hash
-  is PREPENDED to the head (it is reused before any cached block is evicted). This split is
-  vLLM >= 0.24's `BlockPool.free_blocks` (prepend_n of the blocks without hash, append_n of the
-  rest); before 0.24 everything was appended.
-- Requests start at `start_s` and end at `end_s`; at equal times ends come first, except that a
-  request with no duration (end = start) ends right after its own start.
-- The null block (block 0, taken at start-up) is not counted: `capacity_blocks` is the usable
-  number, i.e. `--num-gpu-blocks-override` minus 1.
-
-Evidence for the free-queue split (tests/fixtures/replay/pathology, vLLM 0.32 CPU, 27 usable
-blocks of 128 tokens, 12 calls of 937 prompt + 16 output tokens = 8 blocks, 7 of them hashed):
-the engine's KV events remove 0, 0, 0, 2, 2, ... blocks per call and it measured 640 cached tokens
-(5 blocks) on every call of cycles 2-3. Appending everything, the 4th call pops 3 fresh blocks,
-then the 1st call's partial block and 4 of its hashed blocks (4 removed, 384 cached later),
-which matched the engine only at 29 blocks. With the partial blocks of calls 1-3 at the head,
-the 4th call pops 3 fresh + 3 partial + 2 hashed: 2 removed per call, 640 cached, at 27.
-"""
+"""A plain, slow, obviously-faithful replay of vLLM's prefix cache: the oracle the fast one
+(kvscope.sim.caches.pool) is tested against. The rules it replays, and the evidence for them,
+are pool.py's docstring."""
 
 from __future__ import annotations
 
