@@ -1,8 +1,7 @@
 """`kvscope run`: the configured workflows, end to end, through the one pipeline (pipeline.py).
 
-    check_experiment(cfg)                                   # refuse a bad config before any engine
-    pipeline.run(cfg, drive, planned=...)                   # capture -> drive -> finalize ->
-                                                            # analyze -> publish
+    check_experiment(cfg)                  # a bad config refused before any engine starts
+    pipeline.run(cfg, drive, hooks, plan)  # capture -> drive -> finalize -> analyze -> publish
 
 The driver is the only step that knows PEER, and it knows it as an app: the PEER graph calls
 the engine with the OpenAI SDK like any app, and `session.intercept()` turns each of those calls
