@@ -2,7 +2,6 @@
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from typing import Any
 
 import msgpack
 
+from kvscope.engines.process import free_port_range
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_FIXTURES = ROOT / "tests" / "fixtures" / "vllm-0.32.0"
 # Recorded outputs of SGLang 0.5.23's own code (their README says how they were produced).
@@ -19,23 +20,9 @@ SGLANG_FIXTURES = ROOT / "tests" / "fixtures" / "sglang-0.5.23"
 
 
 def free_port(span: int = 1) -> int:
-    """A port p such that p .. p+span-1 are free on loopback right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + span >= 65535:
-            continue
-        ok = True
-        for p in range(port, port + span):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok:
-            return port
-    raise RuntimeError("no free port range")
+    """A port p such that p .. p+span-1 are free on loopback right now, below the ephemeral
+    range, where an engine's own bind(0) cannot take it meanwhile (engines.process)."""
+    return free_port_range(span)
 
 
 # --- the integration session's engine (tests/integration/conftest.py) ---

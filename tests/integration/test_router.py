@@ -30,6 +30,7 @@ from kvscope.errors import EngineNotInstalled
 from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
 from kvscope.finalize.routing_misses import routing_columns
+from kvscope.records.kv_events import KV_EVENTS_ARROW
 from kvscope.records.run_dir import ENGINE_LOG, replica_dir, replica_dirs
 
 pytestmark = pytest.mark.engine
@@ -163,7 +164,7 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     assert missed and all(r["routing_miss_replica"] not in (None, r["replica"]) for r in missed)
     assert sorted(replica_dirs(run_dir)) == ["r0", "r1"]
     for folder in replica_dirs(run_dir).values():
-        assert (folder / "kv_events.jsonl").exists() and (folder / "metrics.parquet").exists()
+        assert (folder / KV_EVENTS_ARROW).exists() and (folder / "metrics.parquet").exists()
     run = json.loads((run_dir / "run.json").read_text())
     assert set(run["launch_commands"]) == {"r0", "r1", "router"}
     router = json.loads((run_dir / "router_metrics.json").read_text())["end"]

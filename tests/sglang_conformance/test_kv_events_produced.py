@@ -17,7 +17,7 @@ from sglang_producer import SglangProducer
 from kvscope.collect.kv_events import KvEventListener
 from kvscope.engines import kv_events
 from kvscope.engines.sglang import SglangEngine
-from kvscope.records.kv_events import KvEvent, events_of, read_batches
+from kvscope.records.kv_events import KV_EVENTS_ARROW, KvEvent, events_of, read_batches
 
 pytestmark = pytest.mark.sglang
 
@@ -108,7 +108,7 @@ def test_listener_gaps_and_replay(
 ) -> None:
     ep = engine.endpoints()
     assert ep.kv_events is not None and ep.kv_events_replay is not None
-    path = tmp_path / "kv_events.jsonl"
+    path = tmp_path / KV_EVENTS_ARROW
     listener = KvEventListener(
         ep.kv_events, path, bind=ep.kv_events_subscriber_binds, replay_endpoint=ep.kv_events_replay
     )

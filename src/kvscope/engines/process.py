@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,6 +28,24 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port_range(span: int = 1, host: str = "127.0.0.1") -> int:
+    """A port p such that p .. p+span-1 are free on `host` now, chosen BELOW the kernel's
+    ephemeral range (ip_local_port_range). A port from that range, freed again, is what the
+    next bind(0) of any process gets: an engine starting meanwhile takes it for one of its own
+    sockets (vLLM's ZMQ sockets do), and the bind kvscope planned fails with "address in use"."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    lo = max(1024, low - 12000)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(lo, low - span)
+        if all(port_free(host, p) for p in range(port, port + span)):
+            return port
+    raise PortInUse(f"no {span} free consecutive port(s) in [{lo}, {low}) on {host}")
 
 
 def require_free_port(host: str, port: int, what: str) -> None:

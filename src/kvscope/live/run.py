@@ -31,6 +31,7 @@ from kvscope import pipeline
 from kvscope.capture import CaptureSession, Hooks
 from kvscope.config import EngineConfig
 from kvscope.engines import auth
+from kvscope.engines.process import free_port_range
 from kvscope.errors import KvscopeError
 from kvscope.live.calls import LiveCall
 from kvscope.live.pacing import Timing
@@ -189,14 +190,7 @@ def engine_for(
 
 
 def _free_ports() -> dict[str, int]:
-    import socket
-
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    return {"port": ports[0], "kv_events_port": ports[1]}
+    return {"port": free_port_range(), "kv_events_port": free_port_range(2)}
 
 
 def _mark(session: CaptureSession, source_path: Path, settings: dict[str, Any]) -> None:
