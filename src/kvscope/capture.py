@@ -194,7 +194,9 @@ class CaptureSession:
         self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         ids = chat is not None or self.wire.gives_prompt_ids()
         self._streams = CallStreams(run_dir, tokens=ids, payloads=cfg.tracking.traces)
-        self._context = self._streams.context(self._run_info(caps, env), chat, self._store_prompts)
+        self._context = self._streams.context(
+            self._run_info(caps, env), chat, self._store_prompts, cfg.eviction_hints
+        )
         self._streams.on_row = self._on_row
         for cache in target.caches:
             self._start_collectors(caps, cache)

@@ -14,6 +14,7 @@ from kvscope.errors import ConfigError
 __all__ = ["DeploymentConfig", "RouterConfig"]  # also part of the configuration
 
 EngineKind = Literal["vllm", "sglang", "attach"]
+HintPolicy = Literal["none", "steps-to-execution", "predicted-next"]  # probe/hints.py
 EvictionPolicy = Literal["lru", "lfu", "slru", "priority", "tlru"]
 
 
@@ -212,9 +213,19 @@ class ExperimentConfig(BaseModel):
     deployment: DeploymentConfig | None = Field(
         None, description="Set: `deployment.replicas` copies of `engine` behind a router."
     )
+    eviction_hints: HintPolicy | None = Field(
+        None,
+        description="Each call's engine priority from the workflow (SGLang; probe/hints.py): "
+        "steps-to-execution or predicted-next; none (or unset): no priority is sent.",
+    )
 
     @model_validator(mode="after")
     def _check_deployment(self) -> "ExperimentConfig":
+        if self.eviction_hints not in (None, "none") and self.engine.kind == "vllm":
+            raise ValueError(
+                "eviction_hints set SGLang's per-request priority; vLLM's prefix cache is LRU "
+                "only and has no such lever (use engine.kind: sglang, or attach)"
+            )
         if self.deployment is not None:
             self.deployment.check_with(self.engine)
         else:
@@ -288,7 +299,7 @@ def check_experiment(cfg: ExperimentConfig) -> None:
 
 # Sections added after runs were recorded: left out while unset, so a configuration without
 # them keeps the hash and the recorded form (config.yaml, run.json) it always had.
-_OMIT_UNSET = ("deployment",)
+_OMIT_UNSET = ("deployment", "eviction_hints")
 
 
 def as_dict(model: BaseModel) -> dict[str, Any]:

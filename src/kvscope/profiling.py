@@ -34,6 +34,7 @@ from kvscope.config import (
     AppConfig,
     EngineConfig,
     ExperimentConfig,
+    HintPolicy,
     TrackingConfig,
     load_yaml,
     parse_engine,
@@ -68,6 +69,7 @@ class ProfileOptions(TypedDict, total=False):
     cold_start: bool | None  # empty the prefix cache first (default: yes)
     traces: bool | None  # write MLflow traces
     store_prompts: bool  # keep each call's messages and serialized prompt text
+    eviction_hints: HintPolicy | None  # each call's engine priority (SGLang; probe/hints.py)
 
 
 def profile_config(
@@ -110,6 +112,8 @@ def profile_config(
         data["runs_dir"] = str(runs_dir)
     if (cold_start := options.get("cold_start")) is not None:
         data["cold_start"] = cold_start
+    if (hints := options.get("eviction_hints")) is not None:
+        data["eviction_hints"] = hints
     return parse_experiment(data, str(engine) if engine else "profile")
 
 

@@ -40,6 +40,13 @@ def profile(
     store_prompts: Annotated[
         bool, typer.Option(help="Keep each call's messages and serialized prompt text.")
     ] = False,
+    eviction_hints: Annotated[
+        str | None,
+        typer.Option(
+            help="Set each call's engine priority from the workflow (SGLang, with its "
+            "`priority` eviction policy): none, steps-to-execution or predicted-next."
+        ),
+    ] = None,
 ) -> None:
     """Profile an unmodified program's model calls: per agent, per transition, with provenance."""
     from kvscope.capture import Hooks  # MLflow and LangGraph load slowly
@@ -53,7 +60,7 @@ def profile(
     cfg = profile_config(
         name or _default_name(command), engine, attach, command=tuple(command),
         runs_dir=runs_dir, tracking_uri=tracking_uri, cold_start=False if keep_cache else None,
-        store_prompts=store_prompts,
+        store_prompts=store_prompts, eviction_hints=eviction_hints,  # type: ignore[typeddict-item]
     )  # fmt: skip
     stage = lambda text: err_console.print(f"[dim]kvscope: {text}[/]", highlight=False)  # noqa: E731
     ran = profile_program(cfg, command, Hooks(on_stage=stage))

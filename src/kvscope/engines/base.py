@@ -167,6 +167,11 @@ class Engine(ABC):
         """(extra body fields, extra headers) that carry kvscope's ids into the engine."""
         return {}, {}
 
+    def priority_fields(self, priority: int) -> dict[str, Any]:
+        """Body fields that give a call this eviction priority (probe/hints.py); {} where the
+        engine's prefix cache has no such lever (the default: vLLM's is LRU only)."""
+        return {}
+
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Body fields that make this engine return the prompt's exact token ids with its reply
         to `body`; {} where it cannot (the default), or not without changing what the app reads

@@ -232,6 +232,11 @@ class SglangEngine(Engine):
         labels = json.dumps({AGENT_LABEL: agent_id}, separators=(",", ":"))
         return body, {**headers, LABEL_HEADER: labels}
 
+    def priority_fields(self, priority: int) -> dict[str, Any]:
+        # A top-level int, kept with priority scheduling off (kvscope never turns it on: it
+        # reorders and preempts); the radix cache's `priority` policy evicts low values first.
+        return {"priority": int(priority)}
+
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return sglang_ids.request_fields(body)
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvscope.config import EngineConfig, ExperimentConfig
+from kvscope.config import EngineConfig, ExperimentConfig, HintPolicy
 from kvscope.probe.wire import CallContext, RunInfo
 
 CAPTURE_ENV = "KVSCOPE_CAPTURE"
@@ -42,6 +42,7 @@ class ChildSpec:
     model_dir: str | None  # the model's tokenizer and chat template, where kvscope can read them
     store_prompts: bool
     traces: bool
+    eviction_hints: HintPolicy | None = None  # probe/hints.py: each call's engine priority
 
     @classmethod
     def of(
@@ -63,6 +64,7 @@ class ChildSpec:
             model_dir,
             store,
             cfg.tracking.traces,
+            cfg.eviction_hints,
         )
 
     def write(self) -> Path:
@@ -118,7 +120,7 @@ def attach(spec_path: str) -> None:
     chat = ChatTokenizer.from_model_dir(model_dir) if model_dir and model_dir.is_dir() else None
     ids = chat is not None or engine.gives_prompt_ids()
     streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=_mark(run_dir))
-    ctx = streams.context(spec.run, chat, spec.store_prompts)
+    ctx = streams.context(spec.run, chat, spec.store_prompts, spec.eviction_hints)
     Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool).__enter__()  # process-long
     # a forked worker (multiprocessing) writes part files of its own pid
     os.register_at_fork(after_in_child=lambda: streams.reopen(_mark(run_dir)))

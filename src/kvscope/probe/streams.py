@@ -12,8 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from kvscope.config import HintPolicy
 from kvscope.errors import WriteError
 from kvscope.probe import app_spans
+from kvscope.probe.hints import make_hints
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
@@ -52,8 +54,15 @@ class CallStreams:
         """Write to other part files from now on (a forked process: its own pid's)."""
         self._open(part)
 
-    def context(self, run: RunInfo, chat: ChatTokenizer | None, store_prompts: bool) -> CallContext:
-        """The CallContext whose rows, token ids and payloads go to these streams."""
+    def context(
+        self,
+        run: RunInfo,
+        chat: ChatTokenizer | None,
+        store_prompts: bool,
+        hints: HintPolicy | None = None,
+    ) -> CallContext:
+        """The CallContext whose rows, token ids and payloads go to these streams; `hints`: the
+        eviction hint policy that sets each call's engine priority (probe/hints.py)."""
         return CallContext(
             **run.to_dict(),
             sink=self.row,
@@ -61,6 +70,7 @@ class CallStreams:
                 chat, self.token if self.has_tokens else None, store_prompts
             ),
             payload_sink=self.payload if self.has_payloads else None,
+            hints=make_hints(hints),
         )
 
     def row(self, record: RequestRecord) -> None:

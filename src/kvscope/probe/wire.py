@@ -87,6 +87,8 @@ class CallContext(RunInfo):
     instrument: Instrument | None = None
     # what the call sent and got back, for its trace span (None: not kept)
     payload_sink: Callable[[CallPayload], None] | None = None
+    # the call's engine priority from the workflow (probe/hints.py); None: none is sent
+    hints: Callable[[CallIdentity], int] | None = None
 
 
 class InFlight:
@@ -99,6 +101,8 @@ class InFlight:
         self.request_uuid = str(uuid.uuid4())
         # agent "": a call no agent is named for (the engine then sends no agent label)
         tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
+        if ctx.hints is not None:  # under the app's own fields, like the tags
+            tags |= engine.priority_fields(ctx.hints(ident))
         self.sent = body  # the app's own body, for the trace payload
         added = {k: v for k, v in engine.prompt_ids_fields(body).items() if k not in body}
         self.body = {**tags, **body, **added}
@@ -284,6 +288,7 @@ class InFlight:
             prompt_layout=None,
             sharing_mode=None,
             status=STATUS_OK,
+            engine_priority=_priority(body.get("priority")),
             **measured(self.seen, self.t0, t_end, self.start_ns),
         )
         if self.sse and self.seen.first_token is None:
@@ -303,6 +308,11 @@ class InFlight:
             except Exception:  # a prompt kvscope cannot render is a row without its ids
                 log.exception("kvscope: could not read the prompt's token ids")
         return replace(record, **(extra | dict(ident.annotations)))
+
+
+def _priority(value: Any) -> int | None:
+    """The engine priority a call carried (kvscope's hint, or the app's own); None: none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error_message(body: bytes) -> str:

@@ -113,6 +113,9 @@ class RequestRecord:
     # replica at that moment, and that replica; None with one engine or where it cannot be told
     routing_miss_tokens: int | None = None
     routing_miss_replica: str | None = None
+    # the engine priority the call carried (an eviction hint, probe/hints.py, or the app's own);
+    # None: it carried none
+    engine_priority: int | None = None
     # result
     status: str
     error_type: str | None = None
