@@ -62,7 +62,9 @@ def replay(
         str | None,
         typer.Option(
             help="Policies, comma-separated (default: the engine's own, "
-            "steps-to-execution, predicted-next-agent, belady)."
+            "steps-to-execution, predicted-next-agent, belady). SGLang's priority eviction: "
+            "priority-hints (the priorities the calls carried), steps-to-execution-hints, "
+            "predicted-next-hints (computed offline)."
         ),
     ] = None,
     capacity_tokens: Annotated[

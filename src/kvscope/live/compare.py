@@ -42,6 +42,7 @@ def subset(trace: Trace, picked: list[int]) -> Trace:
         workflows=tuple(trace.workflows[i] for i in picked),
         previous_agents=tuple(trace.previous_agents[i] for i in picked),
         measured_cached_tokens=None if measured is None else measured[picked],
+        priorities=None if trace.priorities is None else trace.priorities[picked],
     )
 
 

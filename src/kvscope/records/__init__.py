@@ -5,7 +5,9 @@ record) and turned into tables by finalize: requests (requests.jsonl -> requests
 tokens (prompt_tokens.arrow), /metrics samples (metrics.kvscope.jsonl, metrics.parquet +
 metrics.gaps.json), KV events (kv_events.arrow -> kv_events.parquet, kv_events.summary.json) and
 the block table
-(blocks.parquet). This package imports nothing else of kvscope: every stage may use it.
+(blocks.parquet). Beside them, priorities.py: eviction hint levels, the one definition the probe
+sends and the replay computes. This package imports nothing else of kvscope: every stage may
+use it.
 """
 
 from kvscope.records.base import ArrowWriter, JsonlWriter, read_jsonl

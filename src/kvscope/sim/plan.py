@@ -2,12 +2,16 @@
 
 Policies: the user's list (an unknown name is a KvscopeError listing simulate.POLICIES), else
 the defaults: on a run directory the engine's own policy, steps-to-execution,
-predicted-next-agent and Belady; on a trace LRU and Belady. A default not registered in
-POLICIES yet is skipped with a note, so new policies join without a change here.
+predicted-next-agent and Belady (an SGLang run: its own, steps-to-execution-hints and
+predicted-next-hints, the policies its radix cache can run); on a trace LRU and Belady. A
+default not registered in POLICIES yet is skipped with a note, so new policies join without a
+change here.
 Capacities: the user's list (tokens), else the run's capacity. Each is replayed as
 capacity_tokens // block_size blocks.
 Engine semantics: the trace's engine when simulate.ENGINES has it, else the simulator's default
-(said in a note).
+(said in a note); the hint policies (sim/hints.py) are SGLang's, replayed on its semantics when
+the trace names no engine and refused on vLLM's, or without the priorities they need. A run
+whose calls carried engine priorities is said so: `priority` (SGLang) replays them.
 Host tier (optional, vLLM semantics): `host_tokens` // block_size blocks below every replayed
 capacity, KVFlow prefetch accounting with `prefetch`, `load_ms_per_block` the cost of a host hit.
 The fidelity replay never has one (the engine it is checked against had none).
@@ -19,12 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvscope.errors import KvscopeError
+from kvscope.sim.hints import HINT_POLICIES, check_hints
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.results.fidelity import Fidelity, fidelity
 from kvscope.sim.results.summary import Summary, summarize
-from kvscope.sim.simulate import ENGINES, POLICIES, simulate
+from kvscope.sim.simulate import ENGINES, POLICIES, RADIX_POLICIES, simulate
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
+SGLANG_DEFAULTS = ("steps-to-execution-hints", "predicted-next-hints")
 TRACE_DEFAULTS = ("lru", "belady")
 
 
@@ -52,7 +58,7 @@ def choose_policies(requested: Sequence[str], source: Source) -> tuple[list[str]
         return list(dict.fromkeys(requested)), []
     if source.kind == "run":
         own = source.policy or "lru"
-        defaults = [own, *RUN_DEFAULTS]
+        defaults = [own, *(SGLANG_DEFAULTS if source.trace.engine == "sglang" else RUN_DEFAULTS)]
     else:
         defaults = list(TRACE_DEFAULTS)
     chosen, notes = [], []
@@ -100,6 +106,13 @@ def make_plan(
     if engine is not None and engine not in ENGINES:
         notes.append(f"{engine} semantics not simulated yet: replayed as {ENGINES[0]}")
         engine = None
+    if engine == "sglang" and (
+        other := [p for p in chosen if p not in (*RADIX_POLICIES, *HINT_POLICIES, "none")]
+    ):
+        raise KvscopeError(
+            f"policy {other[0]!r} is not simulated on SGLang's radix cache (this run's engine); "
+            f"known there: {', '.join((*RADIX_POLICIES, *HINT_POLICIES, 'none'))}"
+        )
     bs = source.trace.block_size
     for cap in caps:
         if cap % bs:
@@ -113,7 +126,29 @@ def make_plan(
         raise KvscopeError("--prefetch and --host-load-ms need a host tier: give --host-tokens")
     if load_ms_per_block is not None and load_ms_per_block < 0:
         raise KvscopeError("--host-load-ms must be >= 0")
+    notes += hint_notes(source, chosen, engine, host_blocks)
     return Plan(chosen, caps, engine, notes, host_blocks, prefetch, load_ms_per_block)
+
+
+def hint_notes(source: Source, chosen: list[str], engine: str | None, host: int) -> list[str]:
+    """Refuse a hint policy that cannot be replayed (a KvscopeError); what to note about them."""
+    notes = []
+    hinted = [p for p in chosen if p in HINT_POLICIES]
+    for policy in hinted:
+        check_hints(policy, source.trace, engine)
+        if host:
+            raise KvscopeError(f"{policy!r} is SGLang's; a host tier is simulated on vllm only")
+    if hinted and engine is None:
+        notes.append(f"{', '.join(hinted)}: SGLang's radix cache (the trace names no engine)")
+    carried = source.trace.priorities
+    if carried is not None:
+        notes.append(
+            f"{int((carried != 0).sum())} of {len(carried)} calls carried an engine priority: "
+            "`priority` on SGLang (and `priority-hints`) replays them"
+        )
+    elif source.policy == "priority" and engine == "sglang":
+        notes.append("no call carried an engine priority: `priority` replays every call at 0")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -136,8 +171,10 @@ def run_plan(
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
     for policy in plan.policies:
+        engine = plan.engine or ("sglang" if policy in HINT_POLICIES else None)
+        semantics = {"engine": engine} if engine else {}
         for cap in plan.capacities:
-            result = simulate(trace, policy, cap // trace.block_size, **kwargs, **tier)
+            result = simulate(trace, policy, cap // trace.block_size, **semantics, **tier)
             summaries.append(summarize(trace, result, ms_per_token, plan.load_ms_per_block))
             if (
                 not tier

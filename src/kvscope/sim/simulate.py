@@ -5,9 +5,15 @@ block pool: free queue, any free block evictable; pool.py) or "sglang" (the radi
 leaves evictable; radix.py). Policies, with the module that defines each:
 
 - lru (order.py): vLLM's free queue; on "sglang", least recently used leaf first.
-  "sglang" runs lru, fifo, lfu, priority and none (radix.py's RADIX_POLICIES).
+  "sglang" runs lru, fifo, lfu, priority, the hint policies and none (radix.py's
+  RADIX_POLICIES).
 - fifo, lfu, slru, priority (policies.py): by when stored, by uses, two LRU segments, by
-  request priority (`priorities`, higher kept longer; default all equal = LRU).
+  request priority (`priorities`, higher kept longer; default all equal = LRU). On "sglang",
+  priority is SGLang's `--radix-eviction-policy priority` with the priorities the trace's calls
+  carried (`Trace.priorities`; none: all 0) unless `priorities` are given.
+- priority-hints, steps-to-execution-hints, predicted-next-hints (hints.py; "sglang" only):
+  SGLang's priority eviction with the priorities the calls carried (refused without them), or
+  with eviction hints computed offline as kvscope's probe would have sent them.
 - belady (belady.py): the offline optimum heuristic, farthest next use first: an upper bound.
 - steps-to-execution (workflow.py): KVFlow's steps-to-execution over the agent step graph.
 - predicted-next-agent (workflow.py): PBKV-style next agent, learned online; LRU otherwise.
@@ -17,11 +23,13 @@ leaves evictable; radix.py). Policies, with the module that defines each:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
 from kvscope.sim.caches.result import SimResult
+from kvscope.sim.hints import HINT_POLICIES, hint_priorities
 from kvscope.sim.orders.base import EvictionOrder, LRUOrder
 from kvscope.sim.orders.belady import BeladyOrder
 from kvscope.sim.orders.scored import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
@@ -38,7 +46,7 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "steps-to-execution": StepsToExecutionOrder,
     "predicted-next-agent": PredictedNextAgentOrder,
 }
-POLICIES = (*ORDERS, "none")
+POLICIES = (*ORDERS, *HINT_POLICIES, "none")
 ENGINES = ("vllm", "sglang")
 
 
@@ -63,7 +71,8 @@ def simulate(
 
     `host_blocks` > 0: a host tier of that many blocks below the device ("vllm" only;
     tiers.py), with KVFlow-style prefetch accounting if `prefetch`. `priorities[i]`: request
-    i's priority, used by "priority" only.
+    i's priority, used by "priority" (and the hint policies) only; on "sglang" the trace's
+    own by default. A hint policy the trace or engine cannot replay is a KvscopeError.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -71,11 +80,18 @@ def simulate(
         raise ValueError(f"unknown engine semantics {engine!r}; known: {', '.join(ENGINES)}")
     if host_blocks and engine != "vllm":
         raise ValueError("a host tier is simulated on vllm semantics only")
+    if policy in HINT_POLICIES:
+        if engine != "sglang" or priorities is None:  # refused on vllm
+            priorities = hint_priorities(policy, trace, engine)
+        result = simulate_radix(trace, "priority", capacity_blocks, priorities)
+        return replace(result, policy=policy)
     if policy == "none":
         return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
     host = HostTier(host_blocks, prefetch=prefetch) if host_blocks > 0 else None
     if engine == "sglang":
         if policy not in RADIX_POLICIES:
             raise ValueError(f"{policy!r} is not simulated on sglang; known: {RADIX_POLICIES}")
+        if policy == "priority" and priorities is None:
+            priorities = trace.priorities
         return simulate_radix(trace, policy, capacity_blocks, priorities)
     return simulate_pool(trace, capacity_blocks, make_order(policy, priorities), host=host)

@@ -11,6 +11,8 @@ Timing: `start_s` is when the engine began the request (its blocks are taken), `
 it finished (its blocks become evictable); both in seconds on one clock. `end_s` equal to
 `start_s` (a trace without durations) releases a request before the next one starts.
 A value that was not measured is NaN (floats) or None (labels), never 0.
+`priorities`: the SGLang `priority` each call was sent with (eviction hints, probe/hints.py),
+replayed by the sglang `priority` policy (sim/simulate.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Trace:
     measured_cached_tokens: np.ndarray | None = None  # float64, NaN: not measured; None: no engine
     capacity_tokens: int | None = None  # the run's KV capacity
     engine: str | None = None  # "vllm" | "sglang": the engine the trace was recorded on
+    # int64: the engine priority each call carried (0: none, as SGLang reads it); None: the
+    # source records no such column (traces, runs before it) or no call carried one
+    priorities: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)

@@ -96,6 +96,7 @@ def test_a_mooncake_trace_replays_without_fidelity(tmp_path: Path) -> None:
     [
         (["--policy", "nope"], "unknown policy 'nope'; known: lru"),
         (["--capacity-tokens", "lots"], "--capacity-tokens takes integers"),
+        (["--policy", "priority-hints"], "the vLLM block pool has no per-request priority"),
     ],
 )
 def test_bad_options_are_one_line_errors(run: Path, args: list[str], message: str) -> None:

@@ -12,6 +12,7 @@ from helpers import ROOT
 from pool_reference import simulate_lru
 from sim_helpers import make_trace, random_trace
 
+from kvscope.sim.hints import HINT_POLICIES
 from kvscope.sim.simulate import POLICIES, simulate
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -139,7 +140,8 @@ def test_workflow_policies_on_an_agent_cycle_larger_than_the_cache() -> None:
 
 def test_every_policy_runs_and_no_cache_never_hits() -> None:
     tr = random_trace(3, n=120)
-    hits = {p: int(simulate(tr, p, 20).cached_blocks.sum()) for p in POLICIES}
+    pool = [p for p in POLICIES if p not in HINT_POLICIES]  # those are SGLang's (test_priorities)
+    hits = {p: int(simulate(tr, p, 20).cached_blocks.sum()) for p in pool}
     assert hits["none"] == 0
     assert hits["belady"] >= max(v for p, v in hits.items() if p != "belady")
     with pytest.raises(ValueError):
@@ -169,9 +171,9 @@ def test_without_eviction_every_engine_and_policy_hits_the_same() -> None:
     tr = random_trace(5, n=100)
     base = simulate(tr, "lru", 10_000).cached_blocks
     assert base.sum() > 0
-    for policy in [p for p in POLICIES if p not in ("lru", "none")]:
+    for policy in [p for p in POLICIES if p not in ("lru", "none", *HINT_POLICIES)]:
         assert list(simulate(tr, policy, 10_000).cached_blocks) == list(base), policy
-    for policy in ("lru", "fifo", "lfu", "priority"):
+    for policy in ("lru", "fifo", "lfu", "priority", "steps-to-execution-hints"):
         r = simulate(tr, policy, 10_000, engine="sglang")
         assert list(r.cached_blocks) == list(base) and r.evictions == 0, policy
         assert r.engine == "sglang"

@@ -5,9 +5,10 @@ replay needs to say about it):
 
 - a run directory: every successful call with its exact prompt token ids (prompt_tokens.jsonl),
   started when the engine scheduled it (schedule.py) and ended at end_ns, with its agent,
-  workflow and previous agent; the run's block size, KV capacity, engine (an attached
-  one's detected family) and eviction policy (run.json); the engine's measured cached tokens
-  (null stays NaN). Calls that failed or have no token ids are left out and counted in
+  workflow and previous agent, and the engine priority it carried (eviction hints; a run
+  whose calls carried none: no priorities); the run's block size, KV capacity, engine (an
+  attached one's detected family) and eviction policy (run.json); the engine's measured cached
+  tokens (null stays NaN). Calls that failed or have no token ids are left out and counted in
   `excluded`.
 - a Mooncake trace (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one
   id per block of `block_size` tokens; equal ids = equal block and prefix). Only the ids of
@@ -165,6 +166,7 @@ def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
         ),
         capacity_tokens=int(capacity) if capacity else None,
         engine=_engine(info, notes),
+        priorities=_priorities(kept),
     )
     mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
     return Source(
@@ -188,6 +190,15 @@ def _engine(info: dict[str, Any], notes: list[str]) -> str | None:
     if family is None:
         notes.append(f"engine {kind!r}: its kind was not detected, replayed as the default")
     return family
+
+
+def _priorities(rows: list[dict[str, Any]]) -> np.ndarray | None:
+    """The engine priority each call carried (0: none); None when no call carried one (or the
+    run predates the column)."""
+    carried = [r.get("engine_priority") for r in rows]
+    if all(p is None for p in carried):
+        return None
+    return np.array([p or 0 for p in carried], dtype=np.int64)
 
 
 def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
