@@ -1,6 +1,7 @@
 """SGLang's radix-tree eviction policies live, in one sweep (configs/policies-sglang.yaml's
-points: lru, lfu, slru, priority, and the radix cache off) on a smaller pathology: four agents'
-~220-token prompts in a 768-token pool, two PEER cycles. Each point is its own engine."""
+points: lru, lfu, slru, priority, priority with kvscope's steps-to-execution eviction hints, and
+the radix cache off) on a smaller pathology: four agents' ~220-token prompts in a 768-token pool,
+two PEER cycles. Each policy is its own engine."""
 
 import json
 from pathlib import Path
@@ -28,7 +29,7 @@ def test_every_policy_and_radix_off_run_live_and_are_compared(sglang: Up, tmp_pa
     (record_path,) = runs.rglob("sweep.json")
     record = json.loads(record_path.read_text())
     points = record["points"]
-    assert [p["status"] for p in points] == ["ok"] * 5, points
+    assert [p["status"] for p in points] == ["ok"] * 6, points
     assert record["compare_report"] and Path(record["compare_report"]).exists()
     for point in points:
         run_dir = Path(point["run_dir"])
@@ -46,3 +47,45 @@ def test_every_policy_and_radix_off_run_live_and_are_compared(sglang: Up, tmp_pa
             recon = {r["counter"]: r for r in summary["reconciliation"]}
             assert recon["cached_tokens_total"]["difference"] == 0, (policy, recon)
     assert {p["overrides"].get("engine.eviction_policy") for p in points} >= set(POLICIES)
+    by_name = {_arm(p["overrides"]): Path(p["run_dir"]) for p in points}
+    hints_reach_the_engine_and_change_the_evictions(by_name["lru"], by_name["hints"])
+
+
+def _arm(overrides: dict[str, object]) -> str:
+    if overrides.get("eviction_hints"):
+        return "hints"
+    return str(overrides.get("engine.eviction_policy", "off"))
+
+
+def hints_reach_the_engine_and_change_the_evictions(lru: Path, hinted: Path) -> None:
+    """The hinted run's calls carried their priorities (the row keeps what was sent), and the
+    engine evicted by them: the first two agents' prefixes stayed (hits in the
+    second cycle where LRU recomputed everything), so no Executor -> Expresser eviction is left;
+    the replay of the run's own priorities gives exactly the cached tokens it measured."""
+    from kvscope.sim.inputs.sources import load_source
+    from kvscope.sim.simulate import simulate
+
+    rows = pq.read_table(hinted / "requests.parquet").to_pylist()
+    assert all(
+        isinstance(r["engine_priority"], int) and r["engine_priority"] % 2 == 0 for r in rows
+    )
+    logged = "".join(p.read_text() for p in hinted.rglob("*request_log*") if p.is_file())
+    assert not logged or '"priority": null' not in logged  # where SGLang logs requests
+
+    def second_cycle(run: Path) -> dict[str, int]:
+        table = pq.read_table(run / "requests.parquet").to_pylist()
+        return {r["agent_id"]: r["cached_tokens"] for r in table if r["turn_id"] == 2}
+
+    def harm(run: Path) -> set[tuple[str, str]]:
+        blocks = pq.read_table(run / "blocks.parquet").to_pylist()
+        return {(b["evictor_agent_id"], b["owner_agent_id"]) for b in blocks if b["harmful"]}
+
+    hit, miss = second_cycle(hinted), second_cycle(lru)
+    assert hit["planner"] > miss["planner"] + 100 and hit["executor"] > miss["executor"] + 100
+    assert ("executor", "expresser") in harm(lru) and ("executor", "expresser") not in harm(hinted)
+    source = load_source(hinted)
+    assert source.trace.priorities is not None
+    capacity = (source.trace.capacity_tokens or 768) // source.trace.block_size
+    result = simulate(source.trace, "priority", capacity, engine="sglang")
+    replayed = int(result.cached_blocks.sum()) * source.trace.block_size
+    assert replayed == sum(r["cached_tokens"] for r in rows)
