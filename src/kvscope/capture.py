@@ -268,6 +268,8 @@ class CaptureSession:
                 self._streams.close()  # and the rows of programs it ran (child_env), merged
             self._stop_collectors()
         finally:
+            for scraper in self._scrapers.values():
+                scraper.discard()  # its temporary folder, whether or not write() emptied it
             self._stack.close()  # the prompt-token stream, then the engine
         errors = {n: s.error for n, s in self._scrapers.items() if s.error}
         if errors:

@@ -49,7 +49,8 @@ class MetricsScraper:
     """A `Sampler` in a child process: start() and stop() in the parent, the series back after.
 
     If the child dies before it wrote its series, stop() returns None and `error` says why;
-    what the child appended to `instant_path` per scrape is then all there is.
+    what the child appended to `instant_path` per scrape is then all there is. discard() removes
+    its temporary folder when the owner is done with it, written or not.
     """
 
     def __init__(self, engine: type[Engine], url: str, benchmark_run_id: str,
@@ -165,6 +166,24 @@ class MetricsScraper:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._series = path
         return path, gaps
+
+    def discard(self) -> None:
+        """Remove the child's temporary folder once the owner is done (again: nothing to do).
+
+        A series write() moved out stays where it went. A child still sampling is killed first:
+        it would write its series into the folder again.
+        """
+        if self._process is not None and not self._stopped:
+            self._stopped = True
+            self._process.kill()
+            self._process.wait()
+            self.error = self.error or "the /metrics scraper was discarded before it was stopped"
+        if self._dir == Path():  # never started, or discarded already: not a folder of ours
+            return
+        if self._series is not None and self._series.parent == self._dir:
+            self._series = None  # not written out: it goes with the folder
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = Path()
 
 
 def _readline(stream: IO[bytes], timeout_s: float) -> bytes | None:

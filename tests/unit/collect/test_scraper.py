@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -23,6 +24,8 @@ from helpers import VLLM_FIXTURES, free_port
 from kvscope.collect.scraper import MetricsScraper
 from kvscope.engines.vllm import VllmEngine
 from kvscope.records.metrics import SCHEMA, instant_series
+
+New = Callable[..., MetricsScraper]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,20 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield url
     server.kill()
     server.wait()
+
+
+@pytest.fixture
+def new() -> Iterator[New]:
+    """MetricsScraper(...), each discarded after the test: no temporary folder left behind."""
+    made: list[MetricsScraper] = []
+
+    def make(*args: Any, **kwargs: Any) -> MetricsScraper:
+        made.append(MetricsScraper(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for scraper in made:
+        scraper.discard()
 
 
 def up(url: str) -> bool:
@@ -66,8 +83,8 @@ def gone(pid: int, within_s: float) -> bool:
     return False
 
 
-def test_keeps_its_rate_while_the_parent_holds_the_gil(url: str) -> None:
-    scraper = MetricsScraper(VllmEngine, url, "run-1", interval_s=0.05)
+def test_keeps_its_rate_while_the_parent_holds_the_gil(url: str, new: New) -> None:
+    scraper = new(VllmEngine, url, "run-1", interval_s=0.05)
     scraper.start()
     begin = time.time_ns()
     for _ in range(3):
@@ -83,9 +100,9 @@ def test_keeps_its_rate_while_the_parent_holds_the_gil(url: str) -> None:
     assert max(b - a for a, b in itertools.pairwise([begin, *during, end])) < 0.4e9
 
 
-def test_the_series_comes_back(url: str, tmp_path: Path) -> None:
+def test_the_series_comes_back(url: str, new: New, tmp_path: Path) -> None:
     instant = tmp_path / "metrics.kvscope.jsonl"
-    scraper = MetricsScraper(VllmEngine, url, "run-2", interval_s=0.05, instant_path=instant)
+    scraper = new(VllmEngine, url, "run-2", interval_s=0.05, instant_path=instant)
     assert scraper.summary() is None
     scraper.start()
     time.sleep(0.3)
@@ -110,9 +127,9 @@ def test_the_series_comes_back(url: str, tmp_path: Path) -> None:
     assert gaps_path.name == "metrics.gaps.json" and doc["summary"]["scrapes"] == summary.scrapes
 
 
-def test_ctrl_c_is_the_parents_to_handle(url: str) -> None:
+def test_ctrl_c_is_the_parents_to_handle(url: str, new: New) -> None:
     """A SIGINT (a Ctrl-C, should one reach it) must not end the child before stop()."""
-    scraper = MetricsScraper(VllmEngine, url, "run-3", interval_s=0.05)
+    scraper = new(VllmEngine, url, "run-3", interval_s=0.05)
     scraper.start()
     assert scraper.pid is not None
     os.kill(scraper.pid, signal.SIGINT)
@@ -123,8 +140,8 @@ def test_ctrl_c_is_the_parents_to_handle(url: str) -> None:
     assert [t for t, _ in scraper.kvscope_series()["kv_usage"] if t > signalled + 0.1e9]
 
 
-def test_sigterm_ends_the_sampling_with_the_series_written(url: str) -> None:
-    scraper = MetricsScraper(VllmEngine, url, "run-4", interval_s=0.05)
+def test_sigterm_ends_the_sampling_with_the_series_written(url: str, new: New) -> None:
+    scraper = new(VllmEngine, url, "run-4", interval_s=0.05)
     scraper.start()
     assert scraper.pid is not None
     time.sleep(0.2)
@@ -134,9 +151,9 @@ def test_sigterm_ends_the_sampling_with_the_series_written(url: str) -> None:
     assert summary is not None and summary.scrapes >= 2 and scraper.error is None
 
 
-def test_a_killed_child_is_said_and_its_jsonl_kept(url: str, tmp_path: Path) -> None:
+def test_a_killed_child_is_said_and_its_jsonl_kept(url: str, new: New, tmp_path: Path) -> None:
     instant = tmp_path / "metrics.kvscope.jsonl"
-    scraper = MetricsScraper(VllmEngine, url, "run-5", interval_s=0.05, instant_path=instant)
+    scraper = new(VllmEngine, url, "run-5", interval_s=0.05, instant_path=instant)
     scraper.start()
     assert scraper.pid is not None
     time.sleep(0.3)
@@ -150,6 +167,39 @@ def test_a_killed_child_is_said_and_its_jsonl_kept(url: str, tmp_path: Path) -> 
     assert scraper.table().num_rows == 0 and scraper.table().schema.equals(SCHEMA)
     kept = scraper.kvscope_series()["kv_usage"]
     assert len(kept) == len(instant.read_text().splitlines()) >= 3
+
+
+def test_discard_removes_the_folder_and_keeps_what_was_written(
+    url: str, new: New, tmp_path: Path
+) -> None:
+    stopped = new(VllmEngine, url, "run-9", interval_s=0.05)
+    stopped.start()
+    folder = stopped._dir
+    assert stopped.stop() is not None and (folder / "metrics.parquet").exists()
+    stopped.discard()
+    assert not folder.exists()
+    stopped.discard()  # again: nothing to do
+    assert stopped.table().num_rows == 0 and stopped.error is None
+
+    written = new(VllmEngine, url, "run-10", interval_s=0.05)
+    written.start()
+    folder = written._dir
+    assert written.stop() is not None
+    out = written.write(tmp_path / "metrics.parquet")
+    assert out is not None and not folder.exists()
+    written.discard()
+    assert out[0].exists() and out[1].exists() and written.table().num_rows > 0
+
+
+def test_discard_kills_a_child_still_sampling(url: str, new: New) -> None:
+    scraper = new(VllmEngine, url, "run-11", interval_s=0.05)
+    scraper.start()
+    pid, folder = scraper.pid, scraper._dir
+    assert pid is not None
+    scraper.discard()
+    assert gone(pid, 10) and not folder.exists()
+    assert scraper.error == "the /metrics scraper was discarded before it was stopped"
+    assert scraper.stop() is None
 
 
 def test_an_orphaned_child_leaves(url: str, tmp_path: Path) -> None:
@@ -170,16 +220,16 @@ def test_an_orphaned_child_leaves(url: str, tmp_path: Path) -> None:
     assert not Path(folder).exists()
 
 
-def test_a_child_that_cannot_start_is_an_error(url: str, tmp_path: Path) -> None:
-    scraper = MetricsScraper(
+def test_a_child_that_cannot_start_is_an_error(url: str, new: New, tmp_path: Path) -> None:
+    scraper = new(
         VllmEngine, url, "run-7", instant_path=tmp_path / "no" / "such" / "dir" / "x.jsonl"
     )
     with pytest.raises(RuntimeError, match=r"exited at start \(code 1\)"):
         scraper.start()
 
 
-def test_lifecycle_errors(url: str) -> None:
-    scraper = MetricsScraper(VllmEngine, url, "run-8")
+def test_lifecycle_errors(url: str, new: New) -> None:
+    scraper = new(VllmEngine, url, "run-8")
     with pytest.raises(RuntimeError, match="not started"):
         scraper.stop()
     scraper.start()
