@@ -170,7 +170,9 @@ def fit_prefill_cost(requests: pa.Table) -> PrefillFit | None:
     """Least-squares prefill time vs new prefill tokens over successful, measured calls.
 
     Fits prefill_ms (reported, or ttft - queue) when at least MIN_FIT_ROWS calls have it, else
-    TTFT (then the slope also carries queueing). None when too few calls or no spread in tokens.
+    TTFT (then the slope also carries queueing). None when too few calls, no spread in tokens,
+    or a slope that is not positive: time that does not grow with the tokens is no prefill cost
+    (a replay would price the tokens it saves at <= 0 ms).
     """
     rows = query(_ROWS, requests=requests)
     for y in ("prefill_ms", "ttft_ms"):
@@ -183,6 +185,8 @@ def fit_prefill_cost(requests: pa.Table) -> PrefillFit | None:
         if got["n"] >= MIN_FIT_ROWS:
             if got["a"] is None or got["b"] is None or math.isnan(got["b"]):
                 return None  # no spread in new_prefill_tokens: no slope
+            if got["b"] <= 0:
+                return None  # time falls (or stays) as tokens grow: noise, not a prefill cost
             return PrefillFit(got["a"], got["b"], got["r2"], int(got["n"]), y)
     return None
 

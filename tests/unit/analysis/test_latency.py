@@ -194,6 +194,24 @@ def test_fit_falls_back_to_ttft_and_needs_three_rows() -> None:
     assert fit_prefill_cost(same_x) is None  # no spread in tokens: no slope
 
 
+def test_a_fit_whose_time_falls_with_the_tokens_is_none() -> None:
+    """TTFT shrinking as prompts grow (queueing noise) is no prefill cost: no negative savings."""
+    falling = table(
+        *(
+            request(prompt_tokens=p, cached_tokens=0, ttft_ms=t, start_ns=i)
+            for i, (p, t) in enumerate([(100, 400.0), (500, 300.0), (900, 150.0)])
+        )
+    )
+    assert fit_prefill_cost(falling) is None
+    flat = table(
+        *(
+            request(prompt_tokens=p, cached_tokens=0, prefill_ms=50.0, start_ns=i)
+            for i, p in enumerate([100, 500, 900])
+        )
+    )
+    assert fit_prefill_cost(flat) is None  # zero ms per token
+
+
 def test_cost_without_a_fit_is_null() -> None:
     fit = PrefillFit(0.0, 2.0, None, 3, "prefill_ms")
     assert call_rows(fit_rows(), None)["cache_miss_ms"].null_count == 4
