@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvscope.config_deployment import DeploymentConfig, RouterConfig
 from kvscope.errors import ConfigError
+from kvscope.records.priorities import HintPolicy
 
-__all__ = ["DeploymentConfig", "RouterConfig"]  # also part of the configuration
+__all__ = ["DeploymentConfig", "HintPolicy", "RouterConfig"]  # also part of the configuration
 
 EngineKind = Literal["vllm", "sglang", "attach"]
-HintPolicy = Literal["none", "steps-to-execution", "predicted-next"]  # probe/hints.py
 EvictionPolicy = Literal["lru", "lfu", "slru", "priority", "tlru"]
 
 

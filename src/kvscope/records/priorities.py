@@ -29,8 +29,11 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
+from typing import Literal, get_args
 
-LEVEL_POLICIES = ("steps-to-execution", "predicted-next")
+# The config's eviction_hints (kvscope.config re-exports it: records imports no other package)
+HintPolicy = Literal["none", "steps-to-execution", "predicted-next"]
+LEVEL_POLICIES: tuple[str, ...] = tuple(p for p in get_args(HintPolicy) if p != "none")
 IDLE_S = 120.0  # a workflow with no call for this long is no longer in flight
 START = "start"  # the previous agent of a workflow's first call
 MAX_STEPS = 16  # farther, or never reached again: all the same
