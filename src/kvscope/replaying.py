@@ -80,6 +80,17 @@ def write_replay(run_dir: Path, doc: dict[str, Any]) -> list[Path]:
     return written
 
 
+def replay_run(run_dir: Path) -> list[Path]:
+    """Replay a run directory with the default plan (its engine's policies at its capacity) and
+    write RUN/replay.json (+ .png): the files written. What a sweep with `replay: true` runs
+    after each point, so its compare report sets each run's replayed numbers beside its own."""
+    from kvscope.sim.inputs.sources import load_source
+
+    source = load_source(run_dir)
+    plan = plan_of(source, None, None, None)
+    return write_replay(run_dir, replay_document(source, run_dir, plan))
+
+
 def export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> list[Path]:
     """The source's replayed requests as a Mooncake and/or a token-id trace (sim.inputs.convert;
     replaying those gives the same results): the files written."""

@@ -15,6 +15,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records.run_dir import REPORT_HTML
 from kvscope.report.compare_sections import cross_run_sections, run_labels
 from kvscope.report.compare_turns import turns_section
+from kvscope.report.hints_section import hints_section
 from kvscope.report.routing_section import routing_compare
 from kvscope.report.run_sections import run_sections
 from kvscope.report.table import NULL, Section
@@ -63,7 +64,8 @@ def compare_report(run_dirs: list[Path], out: Path) -> Path:
     rows = [[sections.get(k) or _absent(k, per_run) for sections in per_run] for k in keys]
     html = _env().get_template("compare.html").render(
         title=f"{len(data)} runs compared", labels=[d.label for d in data], rows=rows,
-        cross=[*cross_run_sections(data), *filter(None, [turns_section(data)]),
+        cross=[*filter(None, [hints_section(data)]), *cross_run_sections(data),
+               *filter(None, [turns_section(data)]),
                *routing_compare(data)], null=NULL,
     )  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,9 @@
 
 Policies: the user's list (an unknown name is a KvscopeError listing simulate.POLICIES), else
 the defaults: on a run directory the engine's own policy, steps-to-execution,
-predicted-next-agent and Belady (an SGLang run: its own, steps-to-execution-hints and
-predicted-next-hints, the policies its radix cache can run); on a trace LRU and Belady. A
+predicted-next-agent and Belady (an SGLang run: its own, lru, priority, steps-to-execution-hints
+and predicted-next-hints, the policies its radix cache can run: every arm of an eviction-hints
+A/B predicted from any one run); on a trace LRU and Belady. A
 default not registered in POLICIES yet is skipped with a note, so new policies join without a
 change here.
 Capacities: the user's list (tokens), else the run's capacity. Each is replayed as
@@ -30,7 +31,7 @@ from kvscope.sim.results.summary import Summary, summarize
 from kvscope.sim.simulate import ENGINES, POLICIES, RADIX_POLICIES, simulate
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
-SGLANG_DEFAULTS = ("steps-to-execution-hints", "predicted-next-hints")
+SGLANG_DEFAULTS = ("lru", "priority", "steps-to-execution-hints", "predicted-next-hints")
 TRACE_DEFAULTS = ("lru", "belady")
 
 

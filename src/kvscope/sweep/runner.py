@@ -2,8 +2,10 @@
 
 Each group's engine starts once, serves the group's points (its prefix cache emptied before
 each one, so that no point inherits another's cache), then stops. Each point is one run
-directory and one MLflow run; `sweep.json` in the sweep's directory records every point's status
-and run directory as the sweep goes, and a failed point does not stop the sweep.
+directory and one MLflow run (with `replay: true`, each finished run is also replayed under its
+engine's policies at its capacity: RUN/replay.json, which the compare report sets beside it);
+`sweep.json` in the sweep's directory records every point's status and run directory as the
+sweep goes, and a failed point does not stop the sweep.
 """
 
 import contextlib
@@ -21,6 +23,7 @@ from kvscope.config import EngineConfig, ExperimentConfig, config_hash
 from kvscope.engines import make_engine
 from kvscope.engines import state as engine_state
 from kvscope.engines.runtime import reset_cache, reusable, start, state_of
+from kvscope.records.run_dir import REPLAY_JSON
 from kvscope.sweep.spec import Group, Point, Sweep
 
 SWEEP_JSON = "sweep.json"
@@ -51,8 +54,11 @@ class Outcome(Protocol):
     def workload(self) -> Any: ...  # WorkloadOutcome: failed
 
 
+RunPoint = Callable[[ExperimentConfig, Any], Outcome]
 EngineStarter = Callable[[EngineConfig, Path], AbstractContextManager[object]]
 CacheReset = Callable[[EngineConfig], str | None]
+Replayer = Callable[[Path], object]  # kvscope.replaying.replay_run
+Steps = tuple[RunPoint, CacheReset | None, Replayer | None]  # a point: run, reset before, replay
 
 
 @dataclass
@@ -71,6 +77,7 @@ class PointResult:
     hit_ratio: float | None = None  # weighted, all agents
     agent_hit_ratio: dict[str, float | None] = field(default_factory=dict)
     note: str | None = None
+    replay: str | None = None  # RUN/replay.json when the sweep replays its points
 
 
 @dataclass
@@ -161,15 +168,24 @@ def run_sweep(
     *,
     hooks: SweepHooks | None = None,
     start_engine: EngineStarter | None = None,
-    run_point: Callable[[ExperimentConfig, Any], Outcome] | None = None,
+    run_point: RunPoint | None = None,
     reset_cache: CacheReset | None = None,
+    replay: Replayer | None = None,
 ) -> SweepRecord:
     """Run every point, one engine per group; a failed point is recorded and the sweep goes on.
 
     Ctrl-C (or SIGTERM): the running point keeps what it measured, the group's engine is
     stopped, the remaining points are recorded as not run, and the interrupt propagates.
+    `replay` (default kvscope.replaying.replay_run) runs after each finished point when the
+    sweep says `replay: true`; its failure is the point's note, not its failure.
     """
     hooks = hooks or SweepHooks()
+    if sweep.replay and replay is None:
+        from kvscope.replaying import replay_run
+
+        replay = replay_run
+    elif not sweep.replay:
+        replay = None
     start_engine = start_engine or group_engine
     reset_cache = reset_cache or reset_prefix_cache
     if run_point is None:
@@ -182,7 +198,8 @@ def run_sweep(
         groups = sweep.groups()
         for group in groups:
             hooks.on_stage(f"starting {group.engine.kind} (engine {group.index + 1}/{len(groups)})")
-            _run_group(group, out_dir, record, hooks, start_engine, run_point, reset_cache)
+            steps = (run_point, reset_cache, replay)
+            _run_group(group, out_dir, record, hooks, start_engine, steps)
         record.status = DONE
     except (KeyboardInterrupt, SystemExit):
         record.status = INTERRUPTED
@@ -205,17 +222,16 @@ def _run_group(
     record: SweepRecord,
     hooks: SweepHooks,
     start_engine: EngineStarter,
-    run_point: Callable[[ExperimentConfig, Any], Outcome],
-    reset_cache: CacheReset,
+    steps: Steps,
 ) -> None:
     try:
         if group.deployed:  # the point's run starts its replicas and router, and empties them
             for point in group.points:
-                _run_point(point, record, hooks, run_point, None)
+                _run_point(point, record, hooks, (steps[0], None, steps[2]))
             return
         with start_engine(group.engine, out_dir / f"engine-{group.index}.log"):
             for point in group.points:
-                _run_point(point, record, hooks, run_point, reset_cache)
+                _run_point(point, record, hooks, steps)
     except Exception as err:  # the engine did not start (or did not stop): not the points' fault
         for point in group.points:
             result = record.points[point.index]
@@ -225,13 +241,8 @@ def _run_group(
         record.write()
 
 
-def _run_point(
-    point: Point,
-    record: SweepRecord,
-    hooks: SweepHooks,
-    run_point: Callable[[ExperimentConfig, Any], Outcome],
-    reset_cache: CacheReset | None,
-) -> None:
+def _run_point(point: Point, record: SweepRecord, hooks: SweepHooks, steps: Steps) -> None:
+    run_point, reset_cache, replay = steps
     result = record.points[point.index]
     result.status = RUNNING
     record.write()
@@ -260,11 +271,26 @@ def _run_point(
         result.workflows_failed = outcome.workload.failed
         result.hit_ratio = outcome.analysis.total.weighted_hit_ratio
         result.agent_hit_ratio = {a.agent_id: a.weighted_hit_ratio for a in outcome.analysis.agents}
+        if replay is not None and result.status == OK:
+            _replay(result, replay, hooks)
     finally:
         result.seconds = round(time.monotonic() - t0, 2)
         record.write()
         if result.status != RUNNING:
             hooks.on_point_done(result)
+
+
+def _replay(result: PointResult, replay: Replayer, hooks: SweepHooks) -> None:
+    """Replay a finished point's run; a failure is said in its note."""
+    assert result.run_dir is not None
+    hooks.on_stage("replaying")
+    try:
+        replay(Path(result.run_dir))
+    except Exception as err:
+        why = f"replay failed: {_message(err)}"
+        result.note = f"{result.note}; {why}" if result.note else why
+    else:
+        result.replay = str(Path(result.run_dir) / REPLAY_JSON)
 
 
 def _run_dirs(runs_dir: Path, label: str) -> set[str]:

@@ -9,6 +9,7 @@ A sweep file is YAML:
       workload.concurrency: [1, 4]
     points:                         # optional: explicit points, after the matrix's
       - {workload.layout: role-first, workload.sharing: system}
+    replay: true                    # optional: replay each finished run (RUN/replay.json)
 
 Every point is validated before anything starts; points that share an engine configuration form
 a group (one engine process; kvscope.sweep.runner runs them).
@@ -52,6 +53,7 @@ class SweepFile(BaseModel):
     base: dict[str, Any] | str = Field(default_factory=dict)
     matrix: dict[str, list[Any]] = Field(default_factory=dict)
     points: list[dict[str, Any]] = Field(default_factory=list)
+    replay: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Sweep:
     name: str
     source: str
     points: tuple[Point, ...]
+    replay: bool = False  # replay each finished run under its engine's policies at its capacity
 
     @property
     def runs_dir(self) -> Path:
@@ -141,7 +144,7 @@ def parse_sweep(
             raise ConfigError(f"{source}: points {seen[key]} and {label} are the same experiment")
         seen[key] = label
         points.append(Point(i, label, change, cfg))
-    return Sweep(name, source, tuple(points))
+    return Sweep(name, source, tuple(points), spec.replay)
 
 
 def _base(base: dict[str, Any] | str, source: str, base_dir: Path) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def test_a_run_directory_gives_the_priorities_its_calls_carried(tmp_path: Path) 
     # the engine's own policy (fidelity's replay) is replayed with them
     plan = make_plan(source, [], [])
     # an SGLang run's defaults: what its radix cache runs (no KVFlow / PBKV pool orders)
-    assert plan.policies == ["priority", "steps-to-execution-hints", "predicted-next-hints"]
+    assert plan.policies == ["priority", "lru", "steps-to-execution-hints", "predicted-next-hints"]
     with pytest.raises(KvscopeError, match="'belady' is not simulated on SGLang's radix cache"):
         make_plan(source, ["belady"], [])
     assert any("carried an engine priority: `priority`" in n for n in plan.notes)

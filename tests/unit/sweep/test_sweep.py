@@ -176,6 +176,7 @@ class Fakes:
     stopped: list[EngineConfig] = field(default_factory=list)
     ran: list[tuple[str, EngineConfig | None]] = field(default_factory=list)
     resets: list[EngineConfig] = field(default_factory=list)
+    replayed: list[str] = field(default_factory=list)
     up: EngineConfig | None = None
 
     @contextmanager
@@ -215,9 +216,16 @@ class Fakes:
             ),
         )
 
+    def replay(self, run_dir: Path) -> None:
+        assert self.up is not None or run_dir.name.startswith("d-"), "replayed with no engine"
+        self.replayed.append(run_dir.name)
+        if "concurrency=4" in run_dir.name:
+            raise ValueError("no capacity\nmore")
+        (run_dir / "replay.json").write_text("{}")
+
     def run(self, sw: Sweep, out: Path) -> sweep_mod.SweepRecord:
         return run_sweep(sw, out, start_engine=self.start_engine, run_point=self.run_point,
-                         reset_cache=self.reset_cache)  # fmt: skip
+                         reset_cache=self.reset_cache, replay=self.replay)  # fmt: skip
 
 
 def test_one_engine_per_engine_config_and_every_point_runs_on_its_own(tmp_path: Path) -> None:
@@ -243,6 +251,27 @@ def test_one_engine_per_engine_config_and_every_point_runs_on_its_own(tmp_path: 
         assert up == point.config.engine
     assert len(fakes.resets) == 7  # before every point
     assert {p.status for p in record.points} == {OK}
+
+
+def test_replay_true_replays_each_finished_point_and_a_failed_replay_is_a_note(
+    tmp_path: Path,
+) -> None:
+    data = {**PRESSURE, "matrix": {"workload.concurrency": [1, 4, 2]}}
+    fakes = Fakes(tmp_path / "runs")
+    fakes.run(sweep_of(data, tmp_path), tmp_path)
+    assert fakes.replayed == []  # not asked for
+    fakes = Fakes(tmp_path / "runs2", fail={"p-concurrency=2"})
+    record = fakes.run(sweep_of({**data, "replay": True}, tmp_path / "2"), tmp_path)
+    by_label = {p.label: p for p in record.points}
+    # replayed after it ran, not after a failed point
+    assert [n.rsplit("-", 3)[0] for n in fakes.replayed] == ["p-concurrency=1", "p-concurrency=4"]
+    one, four, two = (by_label[f"p-concurrency={c}"] for c in (1, 4, 2))
+    assert one.status == OK and one.replay == str(Path(one.run_dir or "") / "replay.json")
+    assert four.status == OK and four.replay is None
+    assert four.note == "replay failed: ValueError: no capacity"
+    assert two.status == FAILED and two.replay is None
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert [p["replay"] for p in doc["points"]] == [one.replay, None, None]
 
 
 def test_a_deployment_point_starts_its_own_replicas(tmp_path: Path) -> None:
