@@ -180,6 +180,10 @@ class CaptureSession:
         keyed = auth.headers(cfg.engine.api_key_env)
         caps = detect(handle.endpoints, METRIC_FAMILIES, headers=keyed)
         self.wire = speaking_as(self.engine, caps.family)
+        if cfg.eviction_hints not in (None, "none") and (
+            why := self.wire.priority_eviction(handle.endpoints.base_url, keyed)
+        ):
+            stage(f"warning: eviction hints ({cfg.eviction_hints}) change nothing here: {why}")
         facts = _runtime_facts(caps, handle, keyed)
         env = environment.collect(
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts

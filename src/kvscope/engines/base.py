@@ -172,6 +172,11 @@ class Engine(ABC):
         engine's prefix cache has no such lever (the default: vLLM's is LRU only)."""
         return {}
 
+    def priority_eviction(self, base_url: str, headers: Mapping[str, str]) -> str | None:
+        """Whether the server at `base_url` evicts its prefix cache by the calls' priority:
+        None when it does, else why not (the default: no per-request priority at all)."""
+        return f"{self.name} has no per-request eviction priority (its prefix cache is LRU)"
+
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Body fields that make this engine return the prompt's exact token ids with its reply
         to `body`; {} where it cannot (the default), or not without changing what the app reads

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 from prometheus_client.metrics_core import Metric
 
 from kvscope import paths
@@ -236,6 +237,22 @@ class SglangEngine(Engine):
         # A top-level int, kept with priority scheduling off (kvscope never turns it on: it
         # reorders and preempts); the radix cache's `priority` policy evicts low values first.
         return {"priority": int(priority)}
+
+    def priority_eviction(self, base_url: str, headers: Mapping[str, str]) -> str | None:
+        # The running server's own arguments (an attached one's too); the config's when the
+        # server does not say.
+        policy = self.config.eviction_policy if self.config.kind == "sglang" else None
+        try:
+            reply = httpx.get(f"{base_url}/get_server_info", headers=dict(headers), timeout=10)
+            policy = reply.json().get("radix_eviction_policy", policy)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        if policy == "priority":
+            return None
+        return (
+            "SGLang evicts by the calls' priority only with --radix-eviction-policy priority "
+            f"(engine.eviction_policy: priority); this server's is {policy or 'unknown'}"
+        )
 
     def prompt_ids_fields(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return sglang_ids.request_fields(body)
