@@ -28,7 +28,7 @@ invocation's end is not seen by the probe, so the offline form does not use it e
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, get_args
 
 # The config's eviction_hints (kvscope.config re-exports it: records imports no other package)
@@ -121,3 +121,19 @@ def make_levels(policy: str, idle_s: float = IDLE_S) -> Levels:
         return level(round(p * (PROBABILITY_LEVELS - 1)), flows.rank(me))
 
     return steps_to_execution if policy == "steps-to-execution" else predicted_next
+
+
+def next_agent_accuracy(calls: Iterable[tuple[str | None, str | None]]) -> float | None:
+    """How often the hints' predictor named the agent that came: over (agent, previous agent)
+    in call order, the share of calls whose agent was the most frequent follower of their
+    previous agent among the calls before (ties: the follower seen first), as predicted-next
+    ranks them; None when no call had a prediction (its previous agent never seen before)."""
+    follow: dict[str, Counter[str]] = {}
+    predicted = hits = 0
+    for agent, previous in calls:
+        seen = follow.setdefault(previous or START, Counter())
+        if seen:
+            predicted += 1
+            hits += seen.most_common(1)[0][0] == (agent or "")
+        seen[agent or ""] += 1
+    return hits / predicted if predicted else None

@@ -4,8 +4,8 @@ per agent, what each arm measured live beside what the replay predicted.
 Runs are grouped into arms of one comparison by everything but the policy and the hints (the
 workload, the capacity, the engine and model). Per run:
 - live: the recompute burden (prompt tokens computed instead of reused), the tokens recomputed
-  because an eviction took a block a later call needed (harmful), TTFT p50 per agent, and the
-  next-agent predictor's accuracy (the predicted-next hints' input);
+  because an eviction took a block a later call needed (harmful), TTFT p50 per agent, and how
+  often the hints' next-agent predictor named the agent that came (records.priorities);
 - replayed: the run's own replay (RUN/replay.json: its engine's policy at its capacity, with
   the priorities its calls carried): the simulator reproducing what the engine did;
 - predicted: the replay of the arm's baseline (LRU without hints, else the first run without
@@ -20,8 +20,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from kvscope.analysis.predictability import ALL
 from kvscope.analysis.run import RunAnalysis
+from kvscope.records.priorities import next_agent_accuracy
 from kvscope.records.run_dir import REPLAY_JSON
 from kvscope.report.table import NULL, Section, Table, fmt
 
@@ -99,7 +99,9 @@ def _harm(d: RunAnalysis, agent: str | None = None) -> int | None:
 
 
 def _accuracy(d: RunAnalysis) -> float | None:
-    return next((a.accuracy_1 for a in d.predictability.accuracy if a.agent_id == ALL), None)
+    """The hints' next-agent predictor over the run's calls (records.priorities)."""
+    rows = sorted(d.requests.to_pylist(), key=lambda r: r.get("start_ns") or 0)
+    return next_agent_accuracy((r["agent_id"], r.get("previous_agent_id")) for r in rows)
 
 
 def _error(predicted: int | None, live: int | None) -> str:
@@ -122,7 +124,7 @@ def _run_table(data: Sequence[RunAnalysis], base: list[RunAnalysis | None]) -> T
         ])  # fmt: skip
     heads = ["run", "KV capacity", "policy", "hints", "recompute burden", "replayed",
              "replay error", "baseline", "predicted", "prediction error",
-             "harmful-eviction tokens", "next-agent accuracy"]  # fmt: skip
+             "harmful-eviction tokens", "next-agent predicted"]  # fmt: skip
     note = (
         "replayed: the run's own replay (its policy and priorities); predicted: the "
         "baseline's replay under this run's policy and hints, before this run was made"

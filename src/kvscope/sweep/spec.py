@@ -16,10 +16,11 @@ a group (one engine process; kvscope.sweep.runner runs them).
 """
 
 import copy
+import hashlib
 import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,9 @@ def apply(base: dict[str, Any], change: dict[str, Any], source: str = "sweep") -
     return out
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.=+-]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=+~-]+")
+SHORT_JSON = 24  # a mapping or list whose JSON is longer is shortened in a label
+_LEAF = 20  # the most characters of each leaf a shortened value shows
 
 
 def point_label(sweep: str, change: dict[str, Any]) -> str:
@@ -205,18 +208,38 @@ def point_label(sweep: str, change: dict[str, Any]) -> str:
     for key, value in change.items():
         short = key.split(".")[-1]
         name = short if lasts.count(short) == 1 else key
-        parts.append(_UNSAFE.sub("_", f"{name}={_value_text(value)}"))
+        parts.append(_UNSAFE.sub("_", f"{name}={short_value(value)}"))
     return "-".join(parts)
 
 
-def _value_text(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """A point's value as its label shows it: None "default", a bool lower case, a scalar as is;
+    a mapping or list as its JSON, or, when that is longer than SHORT_JSON characters, its
+    first two string leaves (in the order written) + "~" + the first 6 hex digits of the sha1
+    of its sorted-key JSON, so that two different values never read the same:
+    {workflow: supervisor, mode: tasks, workflows: 6, ...} -> "supervisor+tasks~3f9a0c"."""
     if value is None:
         return "default"
     if isinstance(value, bool):
         return str(value).lower()
+    if not isinstance(value, dict | list):
+        return str(value)
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    if len(text) <= SHORT_JSON:
+        return text
+    leaves = list(_leaves(value))
+    named = [v for v in leaves if isinstance(v, str)] or [short_value(v) for v in leaves]
+    digest = hashlib.sha1(text.encode()).hexdigest()[:6]
+    return "+".join(v[:_LEAF] for v in named[:2]) + "~" + digest
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    """The scalars inside a mapping or list, depth first, in the order written."""
     if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
-    return str(value)
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def _check_experiment(cfg: ExperimentConfig, source: str) -> None:

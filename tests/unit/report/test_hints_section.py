@@ -80,6 +80,7 @@ def test_each_arm_beside_its_replay_and_its_baselines_prediction(tmp_path: Path)
     assert got["other"]["replayed"] == got["hinted"]["predicted"] == NULL
     assert got["hinted"]["baseline"] == "other"
     assert got["lru"]["harmful-eviction tokens"] == NULL  # no KV events in the fixture
+    assert got["lru"]["next-agent predicted"] == "100.0%"  # a fixed cycle, once it was seen
     section = hints_section(data)
     assert section is not None and any("other" in n for n in section.notes)
     per_agent = section.tables[1]

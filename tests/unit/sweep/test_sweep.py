@@ -1,5 +1,6 @@
 """Sweeps without an engine: expansion, validation, grouping, bookkeeping, interrupts."""
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from kvscope.sweep import (
     reset_prefix_cache,
     run_sweep,
 )
+from kvscope.sweep.spec import short_value
 
 PRESSURE = {
     "name": "p",
@@ -75,6 +77,35 @@ def test_points_are_named_by_their_changes() -> None:
     assert point_label("s", {"a.n": 1, "b.n": 2}) == "s-a.n=1-b.n=2"
     assert point_label("s", {"workload.layout": "role-first"}) == "s-layout=role-first"
     assert point_label("s", {"x.y": "a b/c"}) == "s-y=a_b_c"
+
+
+def test_a_long_mapping_is_named_by_two_leaves_and_a_hash() -> None:
+    workload = {"workflow": "supervisor", "mode": "tasks", "workflows": 6, "concurrency": 2,
+                "max_steps": 10, "tool": True, "workers": 4, "seed": 0}  # fmt: skip
+    text = json.dumps(workload, separators=(",", ":"), sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:6]
+    assert short_value(workload) == f"supervisor+tasks~{digest}"
+    assert point_label("e", {"workload": workload}) == f"e-workload=supervisor+tasks~{digest}"
+    # the hash is of the sorted JSON: the same mapping written in another order reads the same
+    assert short_value(dict(reversed(workload.items()))) == f"tasks+supervisor~{digest}"
+    other = point_label("e", {"workload": {**workload, "workflows": 7}})
+    assert other.startswith("e-workload=supervisor+tasks~") and other != point_label(
+        "e", {"workload": workload}
+    )
+    # a short mapping or list stays its JSON (made safe); a long one of numbers shows numbers
+    assert point_label("s", {"w": {"a": 1}}) == "s-w=_a_1_"
+    assert short_value([1, 2]) == "[1,2]"
+    assert short_value(list(range(20))).startswith("0+1~")
+    assert (short_value(None), short_value(False), short_value(2.5)) == ("default", "false", "2.5")
+
+
+def test_points_of_long_mappings_get_distinct_labels(tmp_path: Path) -> None:
+    workload = {"workflow": "supervisor", "mode": "tasks", "concurrency": 2, "workers": 4}
+    data = {**PRESSURE, "matrix": {}, "points": [{"workload": {**workload, "workflows": n}}
+                                                 for n in (6, 7)]}  # fmt: skip
+    first, second = (p.label for p in sweep_of(data, tmp_path).points)
+    assert first.startswith("p-workload=supervisor+tasks~") and len(first) < 40
+    assert second.startswith("p-workload=supervisor+tasks~") and second != first
 
 
 def test_apply_sets_dotted_paths_on_a_copy() -> None:
