@@ -217,7 +217,7 @@ def short_value(value: Any) -> str:
     a mapping or list as its JSON, or, when that is longer than SHORT_JSON characters, its
     first two string leaves (in the order written) + "~" + the first 6 hex digits of the sha1
     of its sorted-key JSON, so that two different values never read the same:
-    {workflow: supervisor, mode: tasks, workflows: 6, ...} -> "supervisor+tasks~3f9a0c"."""
+    {workflow: supervisor, mode: tasks, workflows: 6, ...} -> "supervisor+tasks~" + 6 hex."""
     if value is None:
         return "default"
     if isinstance(value, bool):

@@ -86,7 +86,7 @@ def test_a_long_mapping_is_named_by_two_leaves_and_a_hash() -> None:
     digest = hashlib.sha1(text.encode()).hexdigest()[:6]
     assert short_value(workload) == f"supervisor+tasks~{digest}"
     assert point_label("e", {"workload": workload}) == f"e-workload=supervisor+tasks~{digest}"
-    # the hash is of the sorted JSON: the same mapping written in another order reads the same
+    # the hash is of the sorted JSON: the same mapping written in another order has the same one
     assert short_value(dict(reversed(workload.items()))) == f"tasks+supervisor~{digest}"
     other = point_label("e", {"workload": {**workload, "workflows": 7}})
     assert other.startswith("e-workload=supervisor+tasks~") and other != point_label(
