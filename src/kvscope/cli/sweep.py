@@ -21,6 +21,7 @@ from kvscope.sweep import (
     preflight,
     run_sweep,
 )
+from kvscope.sweep.spec import short_value
 
 
 @friendly
@@ -109,7 +110,7 @@ def _show(record: SweepRecord) -> None:
         table.add_column("error")
     for p in record.points:
         table.add_row(
-            *(_value(p.overrides.get(axis, "")) for axis in axes),
+            *(short_value(p.overrides.get(axis, "")) for axis in axes),
             _status(p),
             _ratio(p.hit_ratio),
             *(_ratio(p.agent_hit_ratio.get(a)) for a in agents),
@@ -119,10 +120,6 @@ def _show(record: SweepRecord) -> None:
     console.print(table)
     counts = ", ".join(f"{n} {status}" for status, n in record.counts().items())
     console.print(f"{counts}; sweep record: {record.path}")
-
-
-def _value(value: object) -> str:
-    return "default" if value is None else str(value)
 
 
 def _status(p: PointResult) -> str:

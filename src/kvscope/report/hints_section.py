@@ -24,10 +24,10 @@ from kvscope.analysis.run import RunAnalysis
 from kvscope.records.priorities import next_agent_accuracy
 from kvscope.records.run_dir import REPLAY_JSON
 from kvscope.report.table import NULL, Section, Table, fmt
+from kvscope.sim.hints import HINT_POLICIES
 
-# a run's eviction hints -> the replay policy that computes them offline (records/priorities)
-HINT_REPLAY = {"steps-to-execution": "steps-to-execution-hints",
-               "predicted-next": "predicted-next-hints"}  # fmt: skip
+# a run's eviction hints -> the replay policy that computes them offline (sim/hints.py)
+HINT_REPLAY = {level: name for name, level in HINT_POLICIES.items() if level is not None}
 _ARM_KEYS = ("eviction_policy", "eviction_policy_config")  # engine settings an arm may differ in
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.records.priorities import IDLE_S, make_levels
+from kvscope.records.priorities import IDLE_S, LEVEL_POLICIES, make_levels
 from kvscope.sim.trace import Trace
 
 # replay policy -> records.priorities' level policy (None: the recorded priorities)
 HINT_POLICIES: dict[str, str | None] = {
     "priority-hints": None,
-    "steps-to-execution-hints": "steps-to-execution",
-    "predicted-next-hints": "predicted-next",
+    **{f"{level}-hints": level for level in LEVEL_POLICIES},
 }
 
 
