@@ -50,15 +50,25 @@ def check_measured(stderr: str, run_dir: Path, kv_events: bool = True) -> list[d
     return rows
 
 
-def test_the_supervisor_example_on_sglang(sglang: Up, tmp_path: Path) -> None:
+def test_the_supervisor_example_on_sglang_with_eviction_hints(sglang: Up, tmp_path: Path) -> None:
+    """A LangGraph app whose agent order the model makes, profiled with eviction hints: every
+    call carries a priority from the online predictor; the server itself says its policy (the
+    session's is LRU), so the run warns that the hints change nothing there."""
     engine = tmp_path / "engine.yaml"
     engine.write_text(yaml.safe_dump(sglang.engine_config))
     program = (sys.executable, str(ROOT / "examples" / "supervisor.py"), "--topics", "1")
-    stderr, run_dir = profile(sglang, tmp_path, ["--engine", str(engine)], *program)
+    how = ["--engine", str(engine), "--eviction-hints", "predicted-next"]
+    stderr, run_dir = profile(sglang, tmp_path, how, *program)
     rows = check_measured(stderr, run_dir)
     assert {"supervisor", "critic"} <= {r["agent_id"] for r in rows}
     assert all(r["queue_ms"] is not None and r["prefill_ms"] is not None for r in rows)
     assert "traces: 2 written of 2 workflows" in stderr
+    levels = [r["engine_priority"] for r in rows]
+    assert None not in levels and all(p % 2 == 0 and p >= 2 for p in levels)
+    assert len(set(levels)) > 1  # ranked by the predictor, not one constant
+    said = " ".join(stderr.split())  # the console wraps long lines
+    assert "warning: eviction hints (predicted-next) change nothing here" in said
+    assert "this server's is lru" in said  # its /get_server_info, live
 
 
 APP = """
