@@ -58,7 +58,7 @@ from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_ARROW, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
 from kvscope.records.requests import RequestRecord
-from kvscope.target import Cache, Target, open_target, router_samples
+from kvscope.target import Cache, Target, open_target, opening, router_samples
 
 
 def _warn(message: str) -> None:
@@ -170,10 +170,8 @@ class CaptureSession:
         uri = cfg.tracking.tracking_uri or local_store_uri(cfg.runs_dir)
         if problem := unreachable(uri):  # before the engine: in seconds, not minutes of retries
             self._go_offline(f"{problem}; the run is kept locally (kvscope log RUN uploads it)")
-        dep = cfg.deployment
-        what = f"{dep.replicas} x {self.engine.name} + {dep.router.kind}" if dep else ""
         self.engine.install(lambda line: stage(f"installing {self.engine.name}: {line}"))
-        stage(f"starting {what or self.engine.name}")
+        stage(opening(cfg, self.engine))
         self._target = target = open_target(cfg, self.engine, run_dir, self._stack)
         handle = target.first
         stage("detecting engine capabilities")

@@ -23,7 +23,7 @@ from kvscope.engines import deployment
 from kvscope.engines.base import Engine
 from kvscope.engines.detect import fetch_metrics
 from kvscope.engines.router import RunningRouter
-from kvscope.engines.runtime import RunningEngine, running
+from kvscope.engines.runtime import RunningEngine, reusable, running
 from kvscope.records import run_dir as files
 
 
@@ -61,6 +61,18 @@ class Target:
         if self.router is None and len(commands) == 1:
             return (next(iter(commands.values())) or "") + "\n"
         return "".join(f"# {name}\n{cmd or '(attached)'}\n" for name, cmd in commands.items())
+
+
+def opening(cfg: ExperimentConfig, engine: Engine) -> str:
+    """What open_target is about to do, in a few words: starting, reusing or attaching to."""
+    dep = cfg.deployment
+    if dep is not None:
+        return f"starting {dep.replicas} x {engine.name} + {dep.router.kind}"
+    if cfg.engine.kind == "attach":
+        return f"attaching to {engine.base_url}"
+    if (up := reusable(engine)) is not None:
+        return f"reusing the running {engine.name} (pid {up.reused_pid}, {up.endpoints.base_url})"
+    return f"starting {engine.name}"
 
 
 def open_target(cfg: ExperimentConfig, engine: Engine, run_dir: Path, stack: ExitStack) -> Target:
