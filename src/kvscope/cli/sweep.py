@@ -97,6 +97,8 @@ def _show(record: SweepRecord) -> None:
     Each axis is its own column (its key's last part), so the points differ on screen at any
     width; the run directories are listed by the sweep record, errors get a column when any.
     """
+    if not console.is_terminal:  # a log file: room for every agent's column
+        console.width = max(console.width, 200)
     table = Table(title=f"sweep {record.sweep}: weighted hit ratio", title_justify="left")
     axes = list(dict.fromkeys(k for p in record.points for k in p.overrides))
     agents = list(dict.fromkeys(a for p in record.points for a in p.agent_hit_ratio))  # as ran
