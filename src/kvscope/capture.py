@@ -58,7 +58,14 @@ from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_ARROW, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
 from kvscope.records.requests import RequestRecord
-from kvscope.target import Cache, Target, open_target, opening, router_samples
+from kvscope.target import (
+    Cache,
+    Target,
+    hints_unheeded,
+    open_target,
+    opening,
+    router_samples,
+)
 
 
 def _warn(message: str) -> None:
@@ -178,9 +185,7 @@ class CaptureSession:
         keyed = auth.headers(cfg.engine.api_key_env)
         caps = detect(handle.endpoints, METRIC_FAMILIES, headers=keyed)
         self.wire = speaking_as(self.engine, caps.family)
-        if cfg.eviction_hints not in (None, "none") and (
-            why := self.wire.priority_eviction(handle.endpoints.base_url, keyed)
-        ):
+        if why := hints_unheeded(cfg, target, self.wire, keyed):
             stage(f"warning: eviction hints ({cfg.eviction_hints}) change nothing here: {why}")
         facts = _runtime_facts(caps, handle, keyed)
         env = environment.collect(

@@ -22,7 +22,7 @@ from kvscope.config import ExperimentConfig
 from kvscope.engines import deployment
 from kvscope.engines.base import Engine
 from kvscope.engines.detect import fetch_metrics
-from kvscope.engines.router import RunningRouter
+from kvscope.engines.router import RunningRouter, program_of
 from kvscope.engines.runtime import RunningEngine, reusable, running
 from kvscope.records import run_dir as files
 
@@ -73,6 +73,23 @@ def opening(cfg: ExperimentConfig, engine: Engine) -> str:
     if (up := reusable(engine)) is not None:
         return f"reusing the running {engine.name} (pid {up.reused_pid}, {up.endpoints.base_url})"
     return f"starting {engine.name}"
+
+
+def hints_unheeded(
+    cfg: ExperimentConfig, target: Target, wire: Engine, headers: dict[str, str]
+) -> str | None:
+    """Why the config's eviction hints change nothing on this target (a router that drops the
+    field, an engine that does not evict by it), or None when they can act or there are none."""
+    if cfg.eviction_hints in (None, "none"):
+        return None
+    if cfg.deployment is not None:
+        program = program_of(cfg.deployment.router)
+        if "priority" in program.DROPPED_FIELDS:
+            return (
+                f"{program.PROGRAM} {program.VERSION} rebuilds each call's body and drops "
+                "`priority`: the replicas never see it"
+            )
+    return wire.priority_eviction(target.first.endpoints.base_url, headers)
 
 
 def open_target(cfg: ExperimentConfig, engine: Engine, run_dir: Path, stack: ExitStack) -> Target:

@@ -33,3 +33,37 @@ def test_an_engine_left_up_with_this_config_is_said_to_be_reused(
     assert said({"engine": {"kind": "vllm"}}) == (
         "reusing the running vllm (pid 4242, http://127.0.0.1:8123)"
     )
+
+
+class Wire:
+    """An engine stand-in that says whether it evicts by priority."""
+
+    def __init__(self, why: str | None) -> None:
+        self.why, self.asked = why, []
+
+    def priority_eviction(self, base_url: str, headers: dict[str, str]) -> str | None:
+        self.asked.append(base_url)
+        return self.why
+
+
+def unheeded(data: dict, wire: Wire) -> str | None:
+    cfg = parse_experiment(data, "test")
+    engine = make_engine(cfg.engine)
+    ends = Endpoints("http://127.0.0.1:9001", None, None)
+    handle = RunningEngine(engine, ends, None, None, None)
+    tgt = target.Target("http://127.0.0.1:9000", (target.Cache(None, Path("."), handle),))
+    return target.hints_unheeded(cfg, tgt, wire, {})  # type: ignore[arg-type]
+
+
+def test_hints_are_checked_with_the_engine_and_a_router_that_drops_them() -> None:
+    sglang = {"engine": {"kind": "sglang", "eviction_policy": "priority"}}
+    hinted = sglang | {"eviction_hints": "steps-to-execution"}
+    assert unheeded(sglang, Wire("no")) is None  # no hints: nothing to say
+    wire = Wire(None)
+    assert unheeded(hinted, wire) is None and wire.asked == ["http://127.0.0.1:9001"]
+    assert unheeded(hinted, Wire("its policy is lru")) == "its policy is lru"
+    behind = hinted | {"deployment": {"replicas": 2, "router": {"kind": "sglang-router"}}}
+    why = unheeded(behind, Wire(None))
+    assert why is not None and "sglang-router" in why and "drops `priority`" in why
+    vllm_router = hinted | {"deployment": {"replicas": 2, "router": {"kind": "vllm-router"}}}
+    assert unheeded(vllm_router, Wire(None)) is None  # forwards the body as sent

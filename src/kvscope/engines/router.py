@@ -39,6 +39,7 @@ class RouterProgram(Protocol):
     INSTALL: str
     HEALTH_PATH: str
     WORKERS_PATH: str | None
+    DROPPED_FIELDS: frozenset[str]  # request body fields the router does not pass on
 
     def arguments(
         self,

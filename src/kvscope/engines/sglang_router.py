@@ -96,6 +96,10 @@ tests/fixtures/sglang-0.5.23/router/, see its README):
   `kvscope run` (configs/router-sglang.yaml, 2 workflows): 16 of 16 calls placed under each
   policy, 8 per replica as the router's smg_worker_cb_outcomes_total counted, and each
   replica's prompt and cached token counters equal to the calls placed on it.
+- SGLang's top-level `priority` (kvscope's eviction hints) is dropped too: `kvscope run` with
+  `eviction_hints: steps-to-execution` through it (2026-11-28, two replicas on the priority
+  policy) sent 122-128 with the calls, and every request.received in the replicas' request logs
+  read `"priority": null`. kvscope warns at the start of such a run (target.hints_unheeded).
 - The reply passes through: its `id` (and each chunk's) is the replica's rid, so a call also
   names its replica by sglang_response_id where its request log lacks the header.
 """
@@ -113,6 +117,11 @@ PROGRAM = "sglang-router"  # also installed as `smg` and `amg`
 INSTALL = "pip install 'kvscope[sglang-router]'"
 HEALTH_PATH = "/readiness"  # 503 until a worker is registered (/health: 200 at once)
 WORKERS_PATH: str | None = "/workers"  # then wait for every replica there
+# The rebuilt body loses these (seen above; `priority` on 2026-11-28: kvscope run with
+# eviction_hints through it, each replica's request log read `"priority": null` on every call)
+DROPPED_FIELDS = frozenset(
+    {"rid", "session_id", "return_input_ids_in_sglext", "request_id", "user", "priority"}
+)
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # policy manual: calls with one key stay on one worker
 SHUTDOWN_GRACE_S = 10
 

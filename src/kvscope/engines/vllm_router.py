@@ -63,6 +63,7 @@ PROGRAM = "vllm-router"
 INSTALL = "pip install 'kvscope[router]'"
 HEALTH_PATH = "/health"  # 200 only once every worker answered its /health
 WORKERS_PATH: str | None = None  # nothing more to wait for once /health answers
+DROPPED_FIELDS: frozenset[str] = frozenset()  # the body is forwarded as sent
 
 
 def arguments(
