@@ -43,6 +43,7 @@ def subset(trace: Trace, picked: list[int]) -> Trace:
         previous_agents=tuple(trace.previous_agents[i] for i in picked),
         measured_cached_tokens=None if measured is None else measured[picked],
         priorities=None if trace.priorities is None else trace.priorities[picked],
+        prefill_end_s=None if trace.prefill_end_s is None else trace.prefill_end_s[picked],
     )
 
 

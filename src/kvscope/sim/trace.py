@@ -10,6 +10,11 @@ trace's `hash_ids`, kept as given). Blocks are stored flat: request i's keys are
 Timing: `start_s` is when the engine began the request (its blocks are taken), `end_s` when
 it finished (its blocks become evictable); both in seconds on one clock. `end_s` equal to
 `start_s` (a trace without durations) releases a request before the next one starts.
+`prefill_end_s`: when the engine had computed the request's prompt (its prefill forward pass
+ended), from which its prompt pages are in SGLang's tree for other requests to match; a run's
+first-token time (sent + TTFT, sim/inputs/sources.py). None (every trace without timing:
+Mooncake, token ids), NaN or a value at or before `start_s`: at the start (the radix replay's
+rule before prefill timing); one after `end_s` counts as `end_s`. The vLLM pool ignores it.
 A value that was not measured is NaN (floats) or None (labels), never 0.
 `priorities`: the SGLang `priority` each call was sent with (eviction hints, probe/hints.py),
 replayed by the sglang `priority` policy (sim/simulate.py).
@@ -58,9 +63,20 @@ class Trace:
     # int64: the engine priority each call carried (0: none, as SGLang reads it); None: the
     # source records no such column (traces, runs before it) or no call carried one
     priorities: np.ndarray | None = None
+    # float64, same clock as start_s: when the prompt became matchable (see the module doc);
+    # None: at the start
+    prefill_end_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
+
+    def prefill_ends(self) -> np.ndarray:
+        """prefill_end_s within [start_s, end_s] (start_s where None or NaN)."""
+        start, end = np.asarray(self.start_s, float), np.asarray(self.end_s, float)
+        if self.prefill_end_s is None:
+            return start.copy()
+        pe = np.asarray(self.prefill_end_s, float)
+        return np.maximum(np.minimum(np.where(np.isnan(pe), start, pe), end), start)
 
     def blocks_of(self, i: int) -> np.ndarray:
         return self.keys[self.offsets[i] : self.offsets[i + 1]]

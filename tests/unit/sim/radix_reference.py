@@ -70,6 +70,10 @@ def simulate_radix(
     evictions = 0
     prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
     offsets = trace.offsets.tolist()
+    prefill_end, start = trace.prefill_ends().tolist(), trace.start_s.tolist()
+    times = {0: trace.end_s.tolist(), 1: start}  # an event's time, by kind
+    waiting: dict[int, tuple[list[int], int, int]] = {}  # request -> (keys, held, computed)
+    pending: list[tuple[float, int, int]] = []  # (prefill end, start rank, request)
 
     def candidate(x: Node) -> None:
         nonlocal seq
@@ -138,9 +142,43 @@ def simulate_radix(
             return len(x.keys)
         return 0
 
+    def hold(x: Node, i: int, tick: int) -> None:
+        nonlocal locked
+        if not x.lock:
+            locked += len(x.keys)
+        x.lock += 1
+        x.access = tick
+        x.uses += 1
+        x.prio = max(x.prio, prio_of[i])
+
+    def settle(i: int, tick: int) -> None:
+        """i's prefill ended: SGLang's insert of its prompt (radix.py's module doc)."""
+        nonlocal pages, locked, private
+        last, priv, out = held[i]
+        keys, m, new = waiting.pop(i)
+        d = 0
+        while d < new and keys[m + d] in where:  # inserted by others meanwhile: not twice
+            d += 1
+        above = len(path_to(last))
+        top = match(keys, m + d, tick)  # the insert's walk ends here: split
+        path = path_to(top)
+        for x in path[above:]:
+            hold(x, i, tick)
+        for x in path:
+            x.access = tick  # the walk touches the whole path
+        if d < new:
+            top = add(keys[m + d : m + new], top, i, tick, 1)
+            pages += new - d
+            locked += new - d
+        private -= new
+        held[i] = (top, priv, out)
+
     reqs, kinds = event_order(trace)
-    tick = 0
+    tick = rank = 0
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
+        while pending and pending[0][0] <= times[kind][i]:
+            tick += 1
+            settle(heapq.heappop(pending)[2], tick)
         if kind == 0:  # end: output pages join the tree, the path is unlocked
             last, priv, out = held.pop(i)
             tick += 1
@@ -175,20 +213,16 @@ def simulate_radix(
                 if e is not None and k not in where:
                     row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
                     harm[row] = harm.get(row, 0) + 1
-        last = match(keys, in_tree, tick)  # the match ends here: SGLang splits the node
-        p_i = prio_of[i]
+        later = prefill_end[i] > start[i]  # its prompt joins the tree at its prefill end
+        m = h if later else in_tree  # what it holds in the tree from now
+        last = match(keys, m, tick)  # the match ends here: SGLang splits the node
         for x in path_to(last):
-            if not x.lock:
-                locked += len(x.keys)
-            x.lock += 1
-            x.access = tick
-            x.uses += 1
-            x.prio = max(x.prio, p_i)
-        if h < in_tree:
+            hold(x, i, tick)
+        if h < m:
             match(keys, h, tick)  # SGLang's match stops at the limit: splits there too
         computed = prompt[i] + output[i] - 1
         total, full = -(-computed // bs), computed // bs
-        need = total - in_tree
+        need = total - m
         free = capacity_blocks - pages - private
         while free < need and pages > locked and (freed := evict_one(i)):
             pages -= freed
@@ -196,14 +230,20 @@ def simulate_radix(
         got = min(need, free)
         if got < need:
             preempted[i] = True
-        new = min(got, len(keys) - in_tree)
-        if new:
-            last = add(keys[in_tree : in_tree + new], last, i, tick, 1)
-            pages += new
-            locked += new
-        out = max(0, min(full, in_tree + got) - len(keys)) if in_tree + new == len(keys) else 0
+        new = min(got, len(keys) - m)
+        out = max(0, min(full, m + got) - len(keys)) if m + new == len(keys) else 0
+        rank += 1
+        if later:  # computed now, private until its prefill ends
+            waiting[i] = (keys, m, new)
+            heapq.heappush(pending, (prefill_end[i], rank, i))
+            private += got
+        else:
+            if new:
+                last = add(keys[in_tree : in_tree + new], last, i, tick, 1)
+                pages += new
+                locked += new
+            private += got - new
         held[i] = (last, got - new, out)
-        private += got - new
 
     return SimResult(
         policy=policy,

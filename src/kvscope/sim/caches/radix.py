@@ -14,10 +14,27 @@ Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
   its lock, uses, priority and last access.
 - A request matches its keys in order, at most (prompt - 1) // page_size pages (the last token
   is computed); it needs ceil((prompt + output - 1) / page_size) pages in all, the matched ones
-  included. Its prompt pages that are not in the tree are inserted at once, locked; prompt pages
-  the tree already has past the match limit are locked, not duplicated (SGLang frees the
-  duplicate KV right after prefill; here it is never taken). The rest (output, partial) is
-  private to the request.
+  included, all taken at its start (SGLang's scheduler matches and locks the prefix when it
+  forms the prefill batch, get_new_batch_prefill -> init_next_round_input / PrefillAdder, and
+  allocates the rest in prepare_for_extend, before the forward pass).
+- Its prompt pages enter the tree when its prefill ends (trace.prefill_end_s; SGLang inserts
+  them after the forward pass: process_batch_result_prefill -> checkpoint_kv_cache -> insert),
+  the whole prompt at once (chunked prefill, which inserts chunk by chunk, is not modelled: a
+  prompt is shorter than kvscope's engines' chunk). A request that starts before another's
+  prefill end does not match what that one inserts (requests prefilled in one batch share
+  nothing they bring); one that starts at or after it does. Until then its computed prompt
+  pages are private, and only its matched pages are locked (split where its match ends).
+  At its prefill end SGLang's insert walks its prompt: the pages the tree has by then (others
+  inserted them meanwhile; the page past its match limit) are locked and touched and its own
+  copies freed (the insert returns the matched length, the scheduler frees the duplicate KV);
+  the rest become one node under them, locked, inserted then (last access, insertion, owner);
+  the node where the walk ends is split there; the whole path is touched.
+- A prefill end at or before the start (every trace without prefill timing) inserts at the
+  start, as a request alone in its batch: prompt pages the tree already has past the match
+  limit are then locked, not taken (SGLang would take them and free them right after).
+  Events are in start order (ends first at equal times, pool.event_order); before an event,
+  the insertions of prefill ends at or before its time are applied, in prefill-end order
+  (ties: start order). The rest (output, partial) is private to the request.
 - If free pages are short, unlocked leaf nodes are evicted in the policy's order, each whole
   (all its pages, as SGLang's evict frees a node's whole value; a parent left childless
   becomes a candidate), until enough are free or none is evictable: then the request is
@@ -25,12 +42,12 @@ Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
 - When it ends, its full output pages join the tree as one node under its last prompt page
   (opaque keys: no lookup matches them), its partial page is freed, and its path is touched
   (SGLang inserts prompt + output, walking the prompt path) and unlocked.
-- Orders: lru (last access: the start or end of the last request whose prompt path holds the
-  page, or whose match split its node), fifo (insertion; a split node's parts keep it), lfu
-  (requests that used the page, ties lru), priority (the highest priority of a request that
-  used it, lowest evicted first, ties lru; when a request's output joins the tree, its prompt
-  path gets at least its priority + 1, as SGLang re-inserts the prompt so that eviction drops
-  the output first).
+- Orders: lru (last access: the start, prefill end or end of the last request whose prompt
+  path holds the page, or whose match or insert split its node), fifo (insertion; a split
+  node's parts keep it), lfu (requests that used the page, ties lru), priority (the highest
+  priority of a request that used it, lowest evicted first, ties lru; when a request's output
+  joins the tree, its prompt path gets at least its priority + 1, as SGLang re-inserts the
+  prompt so that eviction drops the output first).
 
 Differences from vLLM's pool: no duplicate pages, output pages are cached, a parent is never
 evicted before its children, and eviction frees whole nodes (it may free more than it needs).
@@ -87,13 +104,15 @@ def simulate_radix(
     prio_of, prio_end = ranks[:n], ranks[n:]
     prompt, output = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
     offsets = trace.offsets.tolist()
+    start_l, end_l = trace.start_s.tolist(), trace.end_s.tolist()
+    pe_l = None if trace.prefill_end_s is None else trace.prefill_ends().tolist()
     # packed heap entries: (score, seq, slot); score = (major, tick) with major the uses (lfu),
     # the priority rank (priority) or 0, tick the last access (lru, lfu, priority) or the
     # insertion (fifo). Widths are bounds, not guesses: Python ints never overflow anyway.
     pages = -(-(trace.prompt_tokens + trace.output_tokens - 1) // bs)
     b_slot = max(cap - 1, 1).bit_length()
-    b_seq = (2 * int(pages.sum()) + 3 * n + 2).bit_length()  # pushes: ends, splits, evictions
-    b_tick = (2 * n + 2).bit_length()
+    b_seq = (2 * int(pages.sum()) + 4 * n + 2).bit_length()  # pushes: ends, splits, evictions
+    b_tick = (3 * n + 2).bit_length()  # starts, prefill ends, ends
     sh_seq, sh_score = b_slot, b_slot + b_seq
     mask = (1 << b_slot) - 1
 
@@ -117,6 +136,8 @@ def simulate_radix(
     seq = 0
     nodes = locked = private = 0
     held: dict[int, tuple[list[int], int, int]] = {}  # request -> (locked path, private, out)
+    waiting: dict[int, list[int]] = {}  # request -> its computed prompt keys, not in the tree yet
+    pending: list[tuple[float, int, int]] = []  # heap: (prefill end, start rank, request)
     evicted_by: dict[int, int] = {}
     cached = np.zeros(n, dtype=np.int64)
     preempted = np.zeros(n, dtype=bool)
@@ -175,16 +196,70 @@ def simulate_radix(
         if not lock[t] and not nchild[t]:
             push(heap, entry(t))
 
+    def take(m: int) -> list[int]:
+        ins = free_slots[len(free_slots) - m :][::-1]
+        del free_slots[len(free_slots) - m :]
+        return ins
+
+    def insert(i: int, ks: list[int], path: list[int], tick: int) -> list[int]:
+        """Keys `ks` become a new locked node of i under `path`; the path to its end."""
+        nonlocal nodes, locked
+        ins = take(len(ks))
+        index.update(zip(ks, ins, strict=True))
+        if evicted_by:
+            deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
+        chain(ins, path[-1] if path else -1, i, tick, 1)
+        deque(map(keyof.__setitem__, ins, ks), maxlen=0)
+        nodes += len(ks)
+        locked += len(ks)
+        return path + ins
+
+    def hold(path: list[int], i: int, tick: int) -> None:
+        """i locks and touches `path` (pages in the tree), as it uses them."""
+        nonlocal locked
+        lk = list(map(lock.__getitem__, path))
+        locked += lk.count(0)
+        deque(map(lock.__setitem__, path, map(_ADD1, lk)), maxlen=0)
+        deque(map(access.__setitem__, path, repeat(tick)), maxlen=0)
+        if lfu:
+            deque(map(uses.__setitem__, path, map(_ADD1, map(uses.__getitem__, path))), 0)
+        elif not lru and not fifo:
+            p_i = prio_of[i]
+            deque(map(prio.__setitem__, path, [max(prio[s], p_i) for s in path]), 0)
+
+    def settle(i: int, tick: int) -> None:
+        """i's prefill ended: its prompt joins the tree (SGLang's insert; module doc)."""
+        nonlocal private
+        path, priv, out = held[i]
+        ks = waiting.pop(i)
+        slots = list(map(index_get, ks))
+        d = slots.index(None) if None in slots else len(slots)
+        if d:  # in the tree by now: locked, its own copies freed
+            dup: list[int] = slots[:d]  # type: ignore[assignment]
+            hold(dup, i, tick)
+            path = path + dup
+        if path:  # the insert walks (touches) the whole path and splits where it ends
+            deque(map(access.__setitem__, path, repeat(tick)), maxlen=0)
+            split(path[-1], tick)
+        if d < len(ks):
+            path = insert(i, ks[d:], path, tick)
+        private -= len(ks)
+        held[i] = (path, priv, out)
+
     reqs, kinds = event_order(trace)
-    tick = 0
+    tick = rank = 0
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
+        if pending:  # prefill ends at or before this event: their prompts join the tree
+            t = start_l[i] if kind else end_l[i]
+            while pending and pending[0][0] <= t:
+                tick += 1
+                settle(heapq.heappop(pending)[2], tick)
         if kind == 0:  # end: output pages join the tree, the path is unlocked
             path, priv, out = held.pop(i)
             tick += 1
             last = path[-1] if path else -1
             if out:
-                ins = free_slots[len(free_slots) - out :][::-1]
-                del free_slots[len(free_slots) - out :]
+                ins = take(out)
                 chain(ins, last, i, tick, 0)
                 deque(map(keyof.__setitem__, ins, repeat(-1, out)), maxlen=0)
                 last = ins[-1]
@@ -219,23 +294,17 @@ def simulate_radix(
                 if e is not None and k not in index:
                     row = (i, e >> 32, (e & 0xFFFFFFFF) - 1)
                     harm[row] = harm.get(row, 0) + 1
-        path: list[int] = slots[:in_tree]  # type: ignore[assignment]
+        later = pe_l is not None and pe_l[i] > start_l[i]  # its prompt joins the tree then
+        m = h if later else in_tree  # the tree's pages it holds from now
+        path: list[int] = slots[:m]  # type: ignore[assignment]
         if path:
-            lk = list(map(lock.__getitem__, path))
-            locked += lk.count(0)
-            deque(map(lock.__setitem__, path, map(_ADD1, lk)), maxlen=0)
-            deque(map(access.__setitem__, path, repeat(tick)), maxlen=0)
-            if lfu:
-                deque(map(uses.__setitem__, path, map(_ADD1, map(uses.__getitem__, path))), 0)
-            elif not lru and not fifo:
-                p_i = prio_of[i]
-                deque(map(prio.__setitem__, path, [max(prio[s], p_i) for s in path]), 0)
+            hold(path, i, tick)
             split(path[-1], tick)  # the match ends here: a node boundary
-            if h < in_tree and h:
+            if h < m and h:
                 split(path[h - 1], tick)  # SGLang's match stops at the limit: another one
         computed = prompt[i] + output[i] - 1
         total, full = -(-computed // bs), computed // bs
-        need = total - in_tree
+        need = total - m
         free = cap - nodes - private
         while free < need and nodes > locked:  # evict unlocked leaf nodes, each whole
             while heap:
@@ -266,22 +335,18 @@ def simulate_radix(
         got = min(need, free)
         if got < need:
             preempted[i] = True
-        new = min(got, len(keys) - in_tree)
-        if new:
-            ins = free_slots[len(free_slots) - new :][::-1]
-            del free_slots[len(free_slots) - new :]
-            ks = keys[in_tree : in_tree + new]
-            index.update(zip(ks, ins, strict=True))
-            if evicted_by:
-                deque(map(evicted_by.pop, ks, repeat(None)), maxlen=0)
-            chain(ins, path[-1] if path else -1, i, tick, 1)
-            deque(map(keyof.__setitem__, ins, ks), maxlen=0)
-            nodes += new
-            locked += new
-            path = path + ins
-        out = max(0, min(full, in_tree + got) - len(keys)) if in_tree + new == len(keys) else 0
+        new = min(got, len(keys) - m)
+        out = max(0, min(full, m + got) - len(keys)) if m + new == len(keys) else 0
+        rank += 1
+        if later:  # computed now, private until its prefill ends
+            waiting[i] = keys[m : m + new]
+            heapq.heappush(pending, (pe_l[i], rank, i))  # type: ignore[index]
+            private += got
+        else:
+            if new:
+                path = insert(i, keys[m : m + new], path, tick)
+            private += got - new
         held[i] = (path, got - new, out)
-        private += got - new
 
     return SimResult(
         policy=policy,

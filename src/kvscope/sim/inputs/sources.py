@@ -8,7 +8,9 @@ replay needs to say about it):
   workflow and previous agent, and the engine priority it carried (eviction hints; a run
   whose calls carried none: no priorities); the run's block size, KV capacity, engine (an
   attached one's detected family) and eviction policy (run.json); the engine's measured cached
-  tokens (null stays NaN). Calls that failed or have no token ids are left out and counted in
+  tokens (null stays NaN); when its prompt became matchable (prefill_end_s: its first token,
+  sent + TTFT, which the engine streams right after inserting the prompt into its tree; the
+  start without a TTFT). Calls that failed or have no token ids are left out and counted in
   `excluded`.
 - a Mooncake trace (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one
   id per block of `block_size` tokens; equal ids = equal block and prefix). Only the ids of
@@ -148,12 +150,13 @@ def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     kept, starts, ids = [kept[i] for i in order], starts[order], [ids[i] for i in order]
     keys, offsets = chain_keys(ids, int(bs))
     measured = [r["cached_tokens"] for r in kept]
+    end_s = np.maximum(np.array([r["end_ns"] / 1e9 for r in kept], dtype=np.float64), starts)
     trace = Trace(
         source=str(run_dir),
         block_size=int(bs),
         request_ids=tuple(r["request_uuid"] for r in kept),
         start_s=starts,
-        end_s=np.maximum(np.array([r["end_ns"] / 1e9 for r in kept], dtype=np.float64), starts),
+        end_s=end_s,
         prompt_tokens=np.array([r["prompt_tokens"] for r in kept], dtype=np.int64),
         output_tokens=np.array([r["output_tokens"] or 0 for r in kept], dtype=np.int64),
         keys=keys,
@@ -167,6 +170,7 @@ def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
         capacity_tokens=int(capacity) if capacity else None,
         engine=_engine(info, notes),
         priorities=_priorities(kept),
+        prefill_end_s=_prefill_ends(kept, starts, end_s),
     )
     mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
     return Source(
@@ -199,6 +203,17 @@ def _priorities(rows: list[dict[str, Any]]) -> np.ndarray | None:
     if all(p is None for p in carried):
         return None
     return np.array([p or 0 for p in carried], dtype=np.int64)
+
+
+def _prefill_ends(rows: list[dict[str, Any]], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """When each call's prompt became matchable: its first token (sent + TTFT), within
+    [start, end]; its start without a TTFT."""
+    first = [
+        math.nan if r.get("ttft_ms") is None else r["start_ns"] / 1e9 + r["ttft_ms"] / 1e3
+        for r in rows
+    ]
+    pe = np.array(first, dtype=np.float64)
+    return np.maximum(np.minimum(np.where(np.isnan(pe), starts, pe), ends), starts)
 
 
 def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
