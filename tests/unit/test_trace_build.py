@@ -26,11 +26,11 @@ from kvscope.traces import plan_traces
 
 MS = 1_000_000
 ENV = {"mlflow.user": "someone", "mlflow.source.type": "LOCAL"}
+PRICED = MEASURED | {"model_name": "gpt-4o-mini"}  # a model with a price in MLflow's table
 # a tool's output that is itself JSON, text outside ASCII, a priced model, a failed call
 ROWS = [
     graph_row("p1", 0, "wf", "planner", 1, **MEASURED),
-    graph_row("e1", 20, "wf", "executor", 1, previous_agent_id="planner", **MEASURED,
-              model_name="gpt-4o-mini"),  # a model with a price in MLflow's table
+    graph_row("e1", 20, "wf", "executor", 1, previous_agent_id="planner", **PRICED),
     graph_row("r1", 40, "wf", "reviewer", 1, previous_agent_id="executor", **FAILED),
     row("lone", 100, thread_id="t-lone", **MEASURED),
 ]
