@@ -30,18 +30,6 @@ _MODEL_SPAN_TYPES = ("LLM", "CHAT_MODEL")
 _NO_OP_TRACE_ID = "MLFLOW_NO_OP_SPAN_TRACE_ID"  # mlflow.tracing.constant.NO_OP_SPAN_TRACE_ID
 
 
-def active() -> bool:
-    """Whether the app has an MLflow span active here (then `annotate` has something to do, in
-    this thread or task); never raises."""
-    if "mlflow" not in sys.modules:
-        return False
-    try:
-        span = sys.modules["mlflow"].get_current_active_span()
-    except Exception:
-        return False
-    return span is not None and span.trace_id != _NO_OP_TRACE_ID
-
-
 def annotate(record: RequestRecord) -> RequestRecord:
     """The record, with `mlflow_trace_id` set if its measurements went onto the app's active
     MLflow span (see the module doc); never raises."""

@@ -8,10 +8,6 @@ interpreter of the program (subprocesses included); it calls `attach()`, which i
 process's calls (probe/intercept.py) into part files of the run's streams (probe/streams.py),
 and then runs any `sitecustomize` of the program's own environment that it shadowed.
 
-Its rows are built and written by a background thread (probe/offload.py); the interpreter's exit
-(atexit) flushes that queue and leaves `probe_queue.json.<pid>`, what the thread did, which the
-session sums into run.json at its close. A forked process writes its rows inline.
-
 Each attached process leaves `probe.<pid>.json` (its argv and interpreter) in the run directory:
 the profiling process reads those to tell "the program made no calls" from "the probe never
 loaded" (an interpreter without kvscope installed).
@@ -128,7 +124,7 @@ def attach(spec_path: str) -> None:
     Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool).__enter__()  # process-long
     # a forked worker (multiprocessing) writes part files of its own pid
     os.register_at_fork(after_in_child=lambda: streams.reopen(_mark(run_dir)))
-    atexit.register(streams.close)  # the row queue flushed (probe/offload.py), its counts left
+    atexit.register(streams.close)
     _ATTACHED = True
 
 

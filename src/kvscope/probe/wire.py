@@ -34,11 +34,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from functools import partial
+from dataclasses import asdict, dataclass, replace
 from typing import Any
-
-import orjson
 
 from kvscope.collect.context import with_server_timings
 from kvscope.engines.base import Engine
@@ -92,9 +89,6 @@ class CallContext(RunInfo):
     payload_sink: Callable[[CallPayload], None] | None = None
     # the call's engine priority from the workflow (probe/hints.py); None: none is sent
     hints: Callable[[CallIdentity], int] | None = None
-    # runs a finished call's row-building job off the app's thread (probe/offload.py); False:
-    # it did not take it, the job runs inline. None: every row is built inline.
-    offload: Callable[[Callable[[], None]], bool] | None = None
 
 
 class InFlight:
@@ -131,10 +125,7 @@ class InFlight:
         self.t0 = time.perf_counter()
 
     def content(self) -> bytes:
-        try:
-            return orjson.dumps(self.body)
-        except TypeError:  # an int beyond 64 bits...: what json can write
-            return json.dumps(self.body, ensure_ascii=False).encode()
+        return json.dumps(self.body, ensure_ascii=False).encode()
 
     def replied(self, status_code: int, headers: Mapping[str, str]) -> None:
         """The reply's status line and headers arrived."""
@@ -146,7 +137,7 @@ class InFlight:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Bytes of the reply as the app reads them -> the bytes the app gets."""
-        if not self.parse or self.done:  # done: its row may be in the making on another thread
+        if not self.parse:
             return chunk
         self.buffer += chunk
         if not self.sse:
@@ -189,7 +180,7 @@ class InFlight:
         if not data or data.strip() == b"[DONE]":
             return event
         try:
-            chunk = loads(data)
+            chunk = json.loads(data)
             self.seen.take_chunk(chunk, now)
         except (ValueError, TypeError, AttributeError) as err:
             self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
@@ -239,28 +230,22 @@ class InFlight:
         self.finish(failure(err))
 
     def finish(self, problem: tuple[str, str, str] | None = None, early: bool = False) -> None:
-        """The call ended: its row is built and written by the context's offload worker, or here
-        when there is none (or it is full). Only the end time is taken on the app's thread."""
         if self.done:
             return
         self.done = True
-        emit = partial(self._emit, time.perf_counter(), problem, early)
-        offload = self.ctx.offload
-        if offload is not None and offload(emit):
-            return
+        t_end = time.perf_counter()
+        problem = problem or self.problem or self._reply_problem(early)
+        record = self._record(t_end)
+        if problem is not None:
+            status, error_type, message = problem
+            record = replace(record, status=status, error_type=error_type, error_message=message)
         try:
-            emit()
+            self.ctx.sink(record)
+            if self.ctx.payload_sink is not None:
+                output = self.seen.content if record.status == STATUS_OK else None
+                self.ctx.payload_sink(CallPayload(self.request_uuid, self.sent, output))
         except Exception:  # the app's call is not kvscope's to break
             log.exception("kvscope: the request row could not be written")
-
-    def _emit(self, t_end: float, problem: tuple[str, str, str] | None, early: bool) -> None:
-        """Build the call's row (its usage, timings and prompt columns) and hand it, and the
-        call's payload, to the sinks; raises what they raise."""
-        record = self._record(t_end, problem or self.problem or self._reply_problem(early))
-        self.ctx.sink(record)
-        if self.ctx.payload_sink is not None:
-            output = self.seen.content if record.status == STATUS_OK else None
-            self.ctx.payload_sink(CallPayload(self.request_uuid, self.sent, output))
 
     def _reply_problem(self, early: bool) -> tuple[str, str, str] | None:
         code = self.status_code
@@ -280,60 +265,49 @@ class InFlight:
             return STATUS_ERROR, "incomplete_stream", why
         return None  # a whole reply without usage: ok, its token counts unknown (null)
 
-    def _record(self, t_end: float, problem: tuple[str, str, str] | None) -> RequestRecord:
-        """The row, built at once (a dataclass replace per column group costs as much as the
-        rest of the row: this runs for every call)."""
+    def _record(self, t_end: float) -> RequestRecord:
         ctx, ident, body = self.ctx, self.ident, self.body
         model = body.get("model")
-        columns: dict[str, Any] = {
-            "benchmark_run_id": ctx.benchmark_run_id,
-            "experiment_name": ctx.experiment_name,
-            "configuration_hash": ctx.configuration_hash,
-            "thread_id": ident.thread_id,
-            "workflow_run_id": ident.workflow_run_id,
-            "workflow_type": ctx.workflow_type,
-            "workflow_concurrency": ctx.workflow_concurrency,
-            "turn_id": ident.turn_id,
-            "agent_id": ident.agent_id,
-            "previous_agent_id": ident.previous_agent_id,
-            "graph_node": ident.graph_node,
-            "request_uuid": self.request_uuid,
-            "model_name": model if isinstance(model, str) else ctx.model_name,
-            "tool_ms": ident.tool_ms,
-            "prompt_template_version": None,
-            "chat_template_name": ctx.chat_template_name,
-            "prompt_layout": None,
-            "sharing_mode": None,
-            "status": STATUS_OK,
-            "engine_priority": _priority(body.get("priority")),
+        record = RequestRecord(
+            benchmark_run_id=ctx.benchmark_run_id,
+            experiment_name=ctx.experiment_name,
+            configuration_hash=ctx.configuration_hash,
+            thread_id=ident.thread_id,
+            workflow_run_id=ident.workflow_run_id,
+            workflow_type=ctx.workflow_type,
+            workflow_concurrency=ctx.workflow_concurrency,
+            turn_id=ident.turn_id,
+            agent_id=ident.agent_id,
+            previous_agent_id=ident.previous_agent_id,
+            graph_node=ident.graph_node,
+            request_uuid=self.request_uuid,
+            model_name=model if isinstance(model, str) else ctx.model_name,
+            tool_ms=ident.tool_ms,
+            prompt_template_version=None,
+            chat_template_name=ctx.chat_template_name,
+            prompt_layout=None,
+            sharing_mode=None,
+            status=STATUS_OK,
+            engine_priority=_priority(body.get("priority")),
             **measured(self.seen, self.t0, t_end, self.start_ns),
-        }
+        )
         if self.sse and self.seen.first_token is None:
-            columns["ttft_ms"] = None
+            record = replace(record, ttft_ms=None)
         if not self.streaming:
-            columns["ttft_ms"] = columns["tpot_ms"] = None
+            record = replace(record, ttft_ms=None, tpot_ms=None)
+        record = with_server_timings(record, self.engine.server_timings(self.seen.final))
+        extra: dict[str, Any] = {}
         if ctx.instrument is not None:
             try:
-                columns |= ctx.instrument(
-                    self.sent, self.request_uuid, ident.hints, self.seen.final,
-                    columns["prompt_tokens"], self.engine_ids,
+                extra = dict(
+                    ctx.instrument(
+                        self.sent, self.request_uuid, ident.hints, self.seen.final,
+                        record.prompt_tokens, self.engine_ids,
+                    )
                 )  # fmt: skip
             except Exception:  # a prompt kvscope cannot render is a row without its ids
                 log.exception("kvscope: could not read the prompt's token ids")
-        columns |= ident.annotations
-        if problem is not None:
-            columns["status"], columns["error_type"], columns["error_message"] = problem
-        record = RequestRecord(**columns)
-        return with_server_timings(record, self.engine.server_timings(self.seen.final))
-
-
-def loads(data: bytes | str) -> Any:
-    """JSON, parsed by orjson (several times faster: this runs on the app's thread for every
-    event of every reply), or by json where orjson refuses it (NaN, an int beyond 64 bits)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+        return replace(record, **(extra | dict(ident.annotations)))
 
 
 def _priority(value: Any) -> int | None:

@@ -130,10 +130,6 @@ def test_an_unmodified_program_leaves_one_row_per_call(tmp_path: Path) -> None:
     assert [t["name"] for t in tools] == ["lookup"]
     payloads = read_jsonl(tmp_path / PAYLOADS_JSONL)[0]
     assert {p["request_uuid"] for p in payloads} == {r["request_uuid"] for r in rows}
-    # the program's rows and tool run went through its worker thread, flushed at its exit; the
-    # forked worker wrote its row inline
-    queued = list(tmp_path.glob("probe_queue.json.*"))
-    assert len(queued) == 1 and json.loads(queued[0].read_text())["offloaded"] == 3
 
 
 def test_a_probe_that_cannot_load_leaves_the_program_running(tmp_path: Path) -> None:
