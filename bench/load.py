@@ -1,6 +1,7 @@
 """kvscope under load, the profiler being the bottleneck: prints numbers, asserts nothing.
 
     .venv/bin/python bench/load.py [--workflows 200] [--seconds 300] [--no-tokenize]
+    .venv/bin/python bench/load.py --workflows 100 500 --calls 100000   # scale: closed loop
 
 The engine is a stand-in that answers at once (bench/standin_engine.py: vLLM 0.32.0's recorded
 replies over real HTTP, from a process of its own), so every cost measured is the app's and the
@@ -18,8 +19,17 @@ one turn per invocation) until the time is up. Calls are counted where they are 
 2. Load without kvscope (`--bare-seconds`): requests/s and per-call latency of the bare client.
 3. Load with `kvscope.profile(attach=...)` for `--seconds`: requests/s, per-call latency, rows
    in the finalized request table vs calls sent, MLflow traces written (the run's own audit) vs
-   graph invocations, how long finalize + publish took, and the profiled process's RSS sampled
-   every 2 s: peak, and its slope over the second half of the load (flat = no growth per call).
+   graph invocations, how long the session's close, finalize (tables, status, analysis) and
+   publish (report, MLflow params, metrics and traces) took, what a row queue did where the probe
+   has one (run.json's capture.probe_queue), and the profiled process's RSS sampled every 2 s:
+   peak, and its slope over the second half of the load (flat = no growth per call).
+
+Each load phase also reports CPU per call: the event loop thread's own (time.thread_time in it:
+the app plus what kvscope does on its hot path), the whole process's (kvscope's threads
+included) and the stand-in engine's, and the garbage collector's pauses per call (a process that
+imported more has more objects to scan: `kvscope.profile` brings finalize's, report's and MLflow's
+modules). `--calls N` runs both load phases closed-loop to N calls instead of for a time;
+`--workflows` takes several counts (e.g. 100 500), each its pair of load phases.
 
 An attached engine's model folder is unknown to kvscope, so no tokenizer would be used: with
 `--tokenize` (default) the session is handed the embedded model's, as a launched vLLM's would
@@ -29,6 +39,7 @@ flagged prompt_token_mismatch; the tokenization cost is paid all the same.
 
 import argparse
 import asyncio
+import gc
 import statistics
 import subprocess
 import sys
@@ -57,6 +68,7 @@ from kvscope.probe.intercept import Interceptor
 from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import RunInfo
+from kvscope.records.run_dir import read_run_json
 from kvscope.workload.chat import stream_chat
 
 HERE = Path(__file__).resolve().parent
@@ -75,6 +87,14 @@ class Tally:
     failed: int = 0
     invocations: int = 0
     latency_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    loop_cpu_s: float = 0.0  # the event loop thread's own CPU time
+    process_cpu_s: float = 0.0  # every thread of the process
+    engine_cpu_s: float = 0.0  # the stand-in engine's process
+    gc_s: float = 0.0  # the cyclic garbage collector's pauses, any thread
+
+    def per_call_ms(self, seconds: float) -> float:
+        return seconds * 1e3 / self.sent if self.sent else float("nan")
 
 
 class State(TypedDict):
@@ -114,14 +134,21 @@ def client_for(base_url: str, workflows: int) -> openai.AsyncOpenAI:
     )  # fmt: skip
 
 
-async def drive(base_url: str, model: str, workflows: int, seconds: float, label: str) -> Tally:
-    """`workflows` graphs at once, each invoked again and again until `seconds` are up."""
+async def drive(
+    base_url: str, model: str, workflows: int, seconds: float, label: str,
+    calls: int | None = None, engine_pid: int | None = None,
+) -> Tally:  # fmt: skip
+    """`workflows` graphs at once, each invoked again and again until `seconds` are up (or, with
+    `calls`, until that many calls were started)."""
     tally, client = Tally(), client_for(base_url, workflows)
     app = graph(client, model, tally)
     deadline = time.monotonic() + seconds
 
+    def more() -> bool:
+        return tally.sent < calls if calls is not None else time.monotonic() < deadline
+
     async def worker(i: int) -> None:
-        while time.monotonic() < deadline:
+        while more():
             await app.ainvoke({"notes": []}, {"configurable": {"thread_id": f"load-{i}"}})
             tally.invocations += 1
 
@@ -134,9 +161,25 @@ async def drive(base_url: str, model: str, workflows: int, seconds: float, label
                           f"({(tally.sent - last) / 30:.0f}/s), RSS {rss:.0f} MiB")  # fmt: skip
             last = tally.sent
 
+    engine = psutil.Process(engine_pid) if engine_pid else None
+    e0 = sum(engine.cpu_times()[:2]) if engine else 0.0
+    gc_started = [0.0]
+
+    def gc_pause(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            tally.gc_s += time.perf_counter() - gc_started[0]
+
+    gc.callbacks.append(gc_pause)
+    t0, c0, p0 = time.monotonic(), time.thread_time(), time.process_time()
     ticker = asyncio.create_task(progress())
     await asyncio.gather(*(worker(i) for i in range(workflows)))
     ticker.cancel()
+    tally.wall_s, tally.loop_cpu_s = time.monotonic() - t0, time.thread_time() - c0
+    tally.process_cpu_s = time.process_time() - p0
+    tally.engine_cpu_s = sum(engine.cpu_times()[:2]) - e0 if engine else 0.0
+    gc.callbacks.remove(gc_pause)
     await client.close()
     return tally
 
@@ -224,9 +267,10 @@ def start_engine(port: int) -> subprocess.Popen[bytes]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workflows", type=int, default=200)
+    parser.add_argument("--workflows", type=int, nargs="+", default=[200])
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--bare-seconds", type=float, default=60)
+    parser.add_argument("--calls", type=int, help="closed loop: each load phase sends this many")
     parser.add_argument("--latency-calls", type=int, default=400)
     parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--port", type=int, default=8123)
@@ -239,27 +283,32 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     engine = start_engine(args.port)
     try:
-        console.print(f"latency: {args.latency_calls} calls per case, one workflow at a time")
-        latency = latency_phase(url + "/v1", "smollm2", args.latency_calls, chat)
-        console.print(f"bare load: {args.workflows} workflows for {args.bare_seconds:.0f} s")
-        t0 = time.monotonic()
-        bare = asyncio.run(drive(url + "/v1", "smollm2", args.workflows, args.bare_seconds, "bare"))
-        bare_s = time.monotonic() - t0
-        profiled(args, url, chat if args.tokenize else None, latency, bare, bare_s)
+        if args.latency_calls:
+            console.print(f"latency: {args.latency_calls} calls per case, one workflow at a time")
+            print_latency(latency_phase(url + "/v1", "smollm2", args.latency_calls, chat))
+        for workflows in args.workflows:
+            span = f"{args.calls} calls" if args.calls else f"{args.bare_seconds:.0f} s"
+            console.print(f"bare load: {workflows} workflows, {span}")
+            work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
+                         args.calls, engine.pid)  # fmt: skip
+            bare = asyncio.run(work)
+            profiled(args, workflows, url, chat if args.tokenize else None, bare, engine.pid)
     finally:
         engine.terminate()
         engine.wait()
 
 
-def profiled(args: argparse.Namespace, url: str, chat: ChatTokenizer | None,
-             latency: dict[str, list[float]], bare: Tally, bare_s: float) -> None:  # fmt: skip
+def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatTokenizer | None,
+             bare: Tally, engine_pid: int) -> None:  # fmt: skip
     tokens = "with" if chat else "without"
-    console.print(f"kvscope load: {args.workflows} workflows for {args.seconds:.0f} s, "
-                  f"{tokens} tokenization")  # fmt: skip
+    span = f"{args.calls} calls" if args.calls else f"{args.seconds:.0f} s"
+    console.print(f"kvscope load: {workflows} workflows, {span}, {tokens} tokenization")
     capture._chat_tokenizer = lambda _engine: chat  # an attached engine's folder is unknown
     began = time.monotonic()
+    stages: dict[str, float] = {}
 
     def stage(text: str) -> None:
+        stages.setdefault(text, time.monotonic())
         console.print(f"  {time.monotonic() - began:5.0f} s  kvscope: {text}")
 
     with tempfile.TemporaryDirectory() as tmp, RssSampler() as rss:
@@ -267,44 +316,66 @@ def profiled(args: argparse.Namespace, url: str, chat: ChatTokenizer | None,
         with kvscope.profile(name="load", attach=url, runs_dir=runs_dir, traces=True,
                              on_stage=stage) as run:  # fmt: skip
             t0 = time.monotonic()
-            work = drive(run.base_url, run.model, args.workflows, args.seconds, "kvscope")
+            work = drive(run.base_url, run.model, workflows, args.seconds, "kvscope", args.calls,
+                         engine_pid)  # fmt: skip
             tally = asyncio.run(work)
             t1 = time.monotonic()
             load = rss.between(t0, t1)
-            console.print(f"  load done: {tally.sent / (t1 - t0):.0f} requests/s, RSS peak "
+            console.print(f"  load done: {tally.sent / tally.wall_s:.0f} requests/s, RSS peak "
                           f"{max(m for _, m in load):.0f} MiB, slope "
                           f"{slope_per_min(load):+.2f} MiB/min")  # fmt: skip
         t2 = time.monotonic()
         rows = run.requests().select(["status", "workflow_run_id", "agent_id"]).to_pylist()
         outcome = run.outcome
+        queue = (read_run_json(run.run_dir).get("capture") or {}).get("probe_queue") or {}
     assert outcome is not None
-    print_latency(latency)
+    fin = stages.get("writing the request table", t2)
+    pub = stages.get("writing report.html", t2)
     per_invocation = Counter(r["workflow_run_id"] for r in rows)
     audit = outcome.audit
     traces = f"{audit.written} / {audit.expected}" if audit else str(outcome.mlflow_error)
-    rps_b, rps_k = bare.sent / bare_s, tally.sent / (t1 - t0)
+    rps_b, rps_k = bare.sent / bare.wall_s, tally.sent / tally.wall_s
+
+    def per_call(what: str, field: str) -> tuple[str, ...]:
+        b, k = bare.per_call_ms(getattr(bare, field)), tally.per_call_ms(getattr(tally, field))
+        return what, f"{b:.2f}", f"{k:.2f}", f"{k - b:+.2f}"
+
+    def latency(q: float) -> tuple[str, ...]:
+        b, k = pct(bare.latency_ms, q), pct(tally.latency_ms, q)
+        return f"call latency p{q * 100:.0f} (ms)", f"{b:.1f}", f"{k:.1f}", f"{k / b - 1:+.0%}"
+
+    ok = sum(r["status"] == "ok" for r in rows)
     lines = [
-        ("seconds", f"{bare_s:.0f}", f"{t1 - t0:.0f}"),
-        ("requests/s sustained", f"{rps_b:.0f}", f"{rps_k:.0f}"),
-        ("ms of the loop per call (1 / rate)", f"{1e3 / rps_b:.2f}", f"{1e3 / rps_k:.2f}"),
-        *((f"call latency p{q * 100:.0f} (ms)", f"{pct(bare.latency_ms, q):.1f}",
-           f"{pct(tally.latency_ms, q):.1f}") for q in (0.5, 0.99)),
+        ("seconds", f"{bare.wall_s:.0f}", f"{tally.wall_s:.0f}"),
+        ("requests/s sustained", f"{rps_b:.0f}", f"{rps_k:.0f}", f"{rps_k / rps_b:.0%} of bare"),
+        ("ms of the loop per call (1 / rate)", f"{1e3 / rps_b:.2f}", f"{1e3 / rps_k:.2f}",
+         f"{1e3 / rps_k - 1e3 / rps_b:+.2f}"),
+        per_call("loop thread CPU per call (ms)", "loop_cpu_s"),
+        per_call("process CPU per call, all threads (ms)", "process_cpu_s"),
+        per_call("stand-in engine CPU per call (ms)", "engine_cpu_s"),
+        per_call("GC pauses per call (ms)", "gc_s"),
+        latency(0.5),
+        latency(0.99),
         ("calls sent / failed", f"{bare.sent} / {bare.failed}", f"{tally.sent} / {tally.failed}"),
-        ("rows written / ok", "", f"{len(rows)} / {sum(r['status'] == 'ok' for r in rows)}"),
+        ("rows written / ok", "", f"{len(rows)} / {ok}"),
         ("rows lost (sent - written)", "", f"{tally.sent - len(rows)}"),
         ("rows named by agent", "", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
+        ("rows built inline (queue full) / failed", "",
+         f"{queue.get('inline', '-')} / {queue.get('failed', '-')}"),
         ("graph invocations", f"{bare.invocations}", f"{tally.invocations}"),
         ("invocations with their 4 rows", "", f"{sum(n == 4 for n in per_invocation.values())}"),
         ("traces written / expected (audit)", "", traces),
-        ("finalize + publish (s)", "", f"{t2 - t1:.0f}"),
+        ("close: streams, collectors (s)", "", f"{fin - t1:.1f}"),
+        ("finalize: tables, status, analysis (s)", "", f"{pub - fin:.1f}"),
+        ("publish: report, MLflow, traces (s)", "", f"{t2 - pub:.1f}"),
         ("RSS at start of load (MiB)", "", f"{load[0][1]:.0f}"),
         ("RSS peak during load (MiB)", "", f"{max(m for _, m in load):.0f}"),
         ("RSS slope, 2nd half of load (MiB/min)", "", f"{slope_per_min(load):+.2f}"),
         ("RSS peak incl. finalize + publish (MiB)", "", f"{max(m for _, m in rss.samples):.0f}"),
     ]  # fmt: skip
-    res = Table(title=f"{args.workflows} workflows at once, stand-in engine")
+    res = Table(title=f"{workflows} workflows at once, stand-in engine")
     res.add_column("", no_wrap=True)
-    for col in ("bare client", f"kvscope ({tokens} tokenization)"):
+    for col in ("bare client", f"kvscope ({tokens} tokenization)", "added"):
         res.add_column(col, justify="right")
     for line in lines:
         res.add_row(*line)
