@@ -11,8 +11,18 @@ streams, joins the /metrics series, runs divergence, the ledger and provenance, 
 requests.parquet, kv_events.parquet and blocks.parquet. It prints the child's wall time and
 peak RSS, and the size of what it read.
 
+With --publish the run also has what a traced run keeps (payloads.jsonl: a request body of a
+real call's size and the reply, per call; tools.jsonl: one tool run per invocation) and each
+workflow's cycle is a graph invocation of its own (4 calls, 1 tool: a 10-span trace, as
+bench/traces_publish.py's), and the child goes on as `kvscope run` concludes a run
+(pipeline.py): the analysis, summary.json and the figures, report.html, then the MLflow run in
+a fresh local SQLite store under the run directory's parent (params, metrics, artifacts, every
+trace, the trace audit, the run ended). It prints the seconds of each stage, what the audit
+found against the rows (a trace per invocation, nothing lost) and the child's peak RSS.
+
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3   # 100k requests
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3 --vocab 100000  # 4-byte ids
+    .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3 --publish  # + publish
 """
 
 import argparse
@@ -30,13 +40,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from provenance import synthetic
+from provenance import AGENTS, synthetic
 
 from kvscope.probe.streams import merge_parts, token_writer
 from kvscope.records import metrics, requests
 from kvscope.records.base import ArrowWriter, compact
 from kvscope.records.kv_events import BATCHES_SCHEMA, KV_EVENTS_ARROW, KvBatch
+from kvscope.records.payloads import PAYLOADS_JSONL, CallPayload
 from kvscope.records.tokens import TOKENS_ARROW, PromptTokenIds
+from kvscope.records.tools import TOOLS_JSONL, ToolCall
 
 CHILD = """
 import sys, time
@@ -48,6 +60,13 @@ wall = time.perf_counter() - t
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
 print(f"{wall:.2f} {done.rows} {done.blocks} {hwm / 1024:.0f}")
 """
+PUBLISH_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from publish_stages import publish_run
+publish_run(sys.argv[2])
+"""
+SYSTEM = "You are the {} of a finance desk. " + "Keep the books. " * 40  # a ~700-char prompt
 ENGINE_SAMPLES = 125
 CONSTANT = {
     "benchmark_run_id": "bench-20261125-000000-a1b2c3", "experiment_name": "bench",
@@ -104,11 +123,33 @@ def write_metrics(folder: Path, scrapes: int, end_ns: int) -> None:
     pq.write_table(table, folder / metrics.METRICS_PARQUET)
 
 
+def write_traced(folder: Path, rows: list[dict[str, Any]]) -> None:
+    """payloads.jsonl (a call's request body and reply) and tools.jsonl (a tool run inside each
+    invocation's second call) as a traced run's capture writes them; each row made a call of
+    the invocation of its workflow's cycle (its uuid without the agent)."""
+    with (folder / PAYLOADS_JSONL).open("w") as payloads, (folder / TOOLS_JSONL).open("w") as tools:
+        for r in rows:
+            r["workflow_run_id"] = r["request_uuid"].rsplit("-", 1)[0]
+            user = f"Turn {r['turn_id']} of {r['workflow_run_id']}: what next?"
+            body = {"model": "smollm2", "max_tokens": 48, "stream": True, "messages": [
+                {"role": "system", "content": SYSTEM.format(r["agent_id"])},
+                {"role": "user", "content": user}]}  # fmt: skip
+            reply = f"The {r['agent_id']} says: books kept."
+            payloads.write(line(CallPayload(r["request_uuid"], body, reply).to_dict()))
+            if r["previous_agent_id"] == AGENTS[0]:
+                tool = ToolCall("lookup", r["workflow_run_id"], r["agent_id"], r["start_ns"] + 2,
+                                r["start_ns"] + 4, None, "account 1", "balance 100")  # fmt: skip
+                tools.write(line(tool.to_dict()))
+
+
 def write_run(
-    folder: Path, workflows: int, cycles: int, capacity_blocks: int, scrapes: int, vocab: int
-) -> None:
+    folder: Path, workflows: int, cycles: int, capacity_blocks: int, scrapes: int, vocab: int,
+    traced: bool = False,
+) -> None:  # fmt: skip
     rows, tokens, events = synthetic(workflows, cycles, capacity_blocks, vocab=vocab)
     write_metrics(folder, scrapes, max(r["end_ns"] for r in rows))
+    if traced:
+        write_traced(folder, rows)
     empty = dict.fromkeys(requests.COLUMNS)
     with (folder / requests.REQUESTS_JSONL).open("w") as f:
         for n, r in enumerate(rows):
@@ -151,15 +192,24 @@ def main() -> None:
     p.add_argument("--scrapes", type=int, default=25_000,
                    help="/metrics scrapes in the run (a 0.2 s interval over ~83 min)")  # fmt: skip
     p.add_argument("--keep", type=Path, help="Write the run here and keep it (default: a tmp dir).")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="finalize and publish as `kvscope run` does, MLflow traces included",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = a.keep or Path(tmp)
+        folder = a.keep or Path(tmp) / "run"
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        write_run(folder, a.workflows, a.cycles, a.capacity_blocks, a.scrapes, a.vocab)
+        write_run(folder, a.workflows, a.cycles, a.capacity_blocks, a.scrapes, a.vocab, a.publish)
         sizes = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("*.*"))}
         print(f"run written in {time.perf_counter() - t0:.1f} s: "
               + ", ".join(f"{n} {s:,.0f} MiB" for n, s in sizes.items()))  # fmt: skip
+        if a.publish:
+            here = str(Path(__file__).parent)
+            done = subprocess.run([sys.executable, "-c", PUBLISH_CHILD, here, str(folder)])
+            sys.exit(done.returncode)
         t1 = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-c", CHILD, str(folder)], capture_output=True, text=True

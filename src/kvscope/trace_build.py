@@ -15,8 +15,10 @@ mlflow/tracing/export/mlflow_v3.py, MLflow 3.17):
   MLflow cuts them), the token usage summed as MLflow sums it, the size stats (`num_spans` is
   what the run's audit checks); tags: `mlflow.traceName` (the root's name) and the plan's;
   state OK or ERROR from the root; request time and duration from the root's times.
-Ids are random as OpenTelemetry's are (128-bit trace, 64-bit span ids; the trace id is
-`tr-<32 hex>`). tests/unit/test_traces.py checks a bulk-written trace against a fluent one.
+Ids: 64-bit span ids random as OpenTelemetry's are; the 128-bit trace id (`tr-<32 hex>`) is the
+root's start time in ns (its high 64 bits) and 64 random bits, so a run's traces, written in
+time order, reach the store's indexes in key order (random ids doubled the inserts' time at
+20,000 traces). tests/unit/test_traces.py checks a bulk-written trace against a fluent one.
 
 A span value MLflow would move out into an attachment (a base64 image or audio in a payload)
 is not handled here: `build_trace` answers None for such a trace, to be written the fluent way.
@@ -110,6 +112,7 @@ _ATTACHMENT_MARKS = (";base64,", '"b64_json"', '"input_audio"', '"inline_data"',
                      '"image"', '"image_generation_call"')  # fmt: skip
 _JSON_OPENERS = ("{", "[", '"')
 _JSON_FIRST = frozenset('{[" \t\n\r')
+_LOW64 = (1 << 64) - 1
 _encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]  # ensure_ascii=False
 
 
@@ -124,7 +127,7 @@ def build_trace(
     """The trace of `plan` in `experiment_id`, its source run `run_id` (`env`: what
     `environment_metadata` returned); None where a span's inputs or outputs may hold what
     MLflow's tracer moves out into an attachment."""
-    otel_trace_id = random.getrandbits(128) or 1
+    otel_trace_id = (plan.root.start_ns & _LOW64) << 64 | (random.getrandbits(64) or 1)
     trace_id = f"tr-{otel_trace_id:032x}"
     head = {SpanAttributeKey.REQUEST_ID: _dump(trace_id)}
     b64_trace = _b64(otel_trace_id, 16)

@@ -124,3 +124,17 @@ def test_a_payload_mlflow_would_move_into_an_attachment_is_left_to_the_tracer() 
     payloads = {"lone": CallPayload("lone", body, "ok")}
     (plan,) = plan_traces(ROWS[3:], [], payloads)
     assert build_trace(plan, "7", "run-1", ENV) is None
+
+
+def test_trace_ids_ascend_with_the_roots_start() -> None:
+    """The high 64 bits are the root's start (ns), the low 64 random: a run's traces reach the
+    store's indexes in key order, and two traces starting at once still differ."""
+    (plan,) = plan_traces(ROWS[3:], [], PAYLOADS)
+    ids = [t.info.trace_id for t in (build_trace(plan, "7", "r", ENV) for _ in range(50)) if t]
+    assert len(set(ids)) == 50
+    assert {int(i.removeprefix("tr-"), 16) >> 64 for i in ids} == {plan.root.start_ns}
+    first, later = plans()
+    assert (
+        build_trace(first, "7", "r", ENV).info.trace_id
+        < build_trace(later, "7", "r", ENV).info.trace_id
+    )  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ module): params, artifacts, the export pipeline's sizes and the trace audit, wit
 plain MLflow spans (the traces kvscope writes are tested in test_traces.py)."""
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,36 @@ def test_audit_reads_the_store_a_page_at_a_time() -> None:
     assert sum(1 for _ in traces) == 1199
     assert asked == [None, "500", "1000"]
     assert run.audit(1200) == TraceAudit(1200, 1200, 0, 0)
+
+
+def test_the_counting_audit_judges_as_the_loading_one(
+    traced: Traced, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the SQLite store the audit counts span rows in one query; it finds what loading
+    every trace with its spans finds: the run's own traces and the ones linked to it, a trace
+    short of spans incomplete, another run's and another experiment's left out."""
+    run = open_run(runs_dir)
+    run.start("counted", {}, {})
+    make_traces(4)
+    mlflow.flush_trace_async_logging()
+    mlflow.end_run()
+    other = open_run(runs_dir)
+    other.start("elsewhere", {}, {})
+    make_traces(2)  # another run's: not counted
+    mlflow.flush_trace_async_logging()
+    mlflow.end_run()
+    mlflow.set_experiment(experiment_id=run.experiment_id)
+    with mlflow.start_span("app-root") as root:  # no run active: the app's own trace
+        pass
+    mlflow.flush_trace_async_logging()
+    run.client.link_traces_to_run([root.trace_id], run.run_id or "")
+    found = run.client.search_traces(locations=[run.experiment_id], run_id=run.run_id)
+    short = next(t.info.trace_id for t in found if len(t.data.spans) == SPANS)
+    with sqlite3.connect(runs_dir / "mlflow.db") as db:  # a span batch lost on its way
+        db.execute("DELETE FROM spans WHERE trace_id = ? AND name = 'call-0'", (short,))
+    counted = run.audit(6)
+    monkeypatch.setattr("kvscope.probe.tracing._store", lambda _: None)  # a server's way
+    assert run.audit(6) == counted == TraceAudit(6, 4, 2, 1)
 
 
 def test_ui_command(tmp_path: Path) -> None:
