@@ -92,6 +92,7 @@ class Tally:
     process_cpu_s: float = 0.0  # every thread of the process
     engine_cpu_s: float = 0.0  # the stand-in engine's process
     gc_s: float = 0.0  # the cyclic garbage collector's pauses, any thread
+    gc_full_s: float = 0.0  # of which full (oldest generation) collections
 
     def per_call_ms(self, seconds: float) -> float:
         return seconds * 1e3 / self.sent if self.sent else float("nan")
@@ -165,11 +166,13 @@ async def drive(
     e0 = sum(engine.cpu_times()[:2]) if engine else 0.0
     gc_started = [0.0]
 
-    def gc_pause(phase: str, _info: dict[str, int]) -> None:
+    def gc_pause(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             gc_started[0] = time.perf_counter()
         else:
-            tally.gc_s += time.perf_counter() - gc_started[0]
+            pause = time.perf_counter() - gc_started[0]
+            tally.gc_s += pause
+            tally.gc_full_s += pause if info.get("generation") == 2 else 0.0
 
     gc.callbacks.append(gc_pause)
     t0, c0, p0 = time.monotonic(), time.thread_time(), time.process_time()
@@ -354,6 +357,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         per_call("process CPU per call, all threads (ms)", "process_cpu_s"),
         per_call("stand-in engine CPU per call (ms)", "engine_cpu_s"),
         per_call("GC pauses per call (ms)", "gc_s"),
+        per_call("  of which full collections (ms)", "gc_full_s"),
         latency(0.5),
         latency(0.99),
         ("calls sent / failed", f"{bare.sent} / {bare.failed}", f"{tally.sent} / {tally.failed}"),

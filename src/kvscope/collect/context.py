@@ -5,12 +5,9 @@ includes every other request in flight.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
-from kvscope.records.requests import RequestRecord
 
 SERIES = ("kv_used_tokens", "kv_usage", "running_requests", "queued_requests")  # what they use
 COLUMNS = (
@@ -42,11 +39,6 @@ def context_columns(
     return out
 
 
-def with_server_timings(
-    record: RequestRecord, timings: Mapping[str, float | None] | None
-) -> RequestRecord:
-    """queue_ms / prefill_ms / decode_ms from the engine's own per-request timing, if any."""
-    if not timings:
-        return record
-    keys = ("queue_ms", "prefill_ms", "decode_ms")
-    return replace(record, **{k: timings.get(k) for k in keys if timings.get(k) is not None})
+SERVER_TIMINGS = ("queue_ms", "prefill_ms", "decode_ms")  # an engine's own per-request timing
+
+

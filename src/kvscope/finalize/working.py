@@ -25,6 +25,7 @@ from kvscope.collect import context
 from kvscope.finalize import divergence, routing_misses
 from kvscope.records import requests
 from kvscope.records.base import read_jsonl
+from kvscope.records.prompt_columns import with_prompt_columns
 
 Row = dict[str, Any]
 
@@ -64,7 +65,7 @@ def read(run_dir: Path) -> Stream:
         table = pa_json.read_json(path, parse_options=_PARSE).cast(requests.ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         table, skipped = _line_by_line(path)
-    table = table.combine_chunks()
+    table = with_prompt_columns(table, run_dir).combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=_PACK) as packer:
         packer.write_table(table)

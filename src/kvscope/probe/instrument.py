@@ -27,9 +27,12 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer, digest, template_messages, token_hash
+from kvscope.records.prompt_columns import APP, WORKER, PromptColumns
 from kvscope.records.tokens import PromptTokenIds
 
 log = logging.getLogger(__name__)
@@ -44,15 +47,23 @@ class _Prompt:
 
 
 class PromptInstrument:
-    """The `Instrument` (probe/wire.py) of a capture session; `tokens` None: no tokenizer."""
+    """The `Instrument` (probe/wire.py) of a capture session; `tokens` None: no tokenizer.
+
+    With a `worker` (probe/tokenizing.py) and a `columns_sink`, a call whose ids need the
+    tokenizer (the engine returned none) gets its prompt columns off the app's thread: the row
+    goes out without them, and a PromptColumns record (records/prompt_columns.py) follows."""
 
     def __init__(
         self,
         tokens: ChatTokenizer | None,
         token_sink: Callable[[PromptTokenIds], None] | None,
         store_prompts: bool = False,
+        *,
+        worker: Tokenizing | None = None,
+        columns_sink: Callable[[PromptColumns], None] | None = None,
     ) -> None:
         self.tokens, self.token_sink, self.store_prompts = tokens, token_sink, store_prompts
+        self.worker, self.columns_sink = worker, columns_sink
 
     def __call__(
         self,
@@ -67,6 +78,36 @@ class PromptInstrument:
         messages = body.get("messages")
         if self.store_prompts and messages is not None:
             out["raw_messages_json"] = json.dumps(messages, ensure_ascii=False)
+        if self.worker is not None and engine_ids is None and self.tokens is not None:
+            args = (body, request_uuid, hints, prompt_tokens)
+            if not self.worker.submit(partial(self._later, *args, WORKER)):
+                self._later(*args, APP)
+            return out
+        return out | self.columns(body, request_uuid, hints, prompt_tokens, engine_ids)
+
+    def _later(
+        self,
+        body: Mapping[str, Any],
+        request_uuid: str,
+        hints: Mapping[str, Any],
+        prompt_tokens: int | None,
+        where: str,
+    ) -> None:
+        columns = self.columns(body, request_uuid, hints, prompt_tokens, None)
+        if columns and self.columns_sink is not None:
+            self.columns_sink(PromptColumns(request_uuid, **columns, tokenized_on=where))
+
+    def columns(
+        self,
+        body: Mapping[str, Any],
+        request_uuid: str,
+        hints: Mapping[str, Any],
+        prompt_tokens: int | None,
+        engine_ids: Sequence[int] | None,
+    ) -> dict[str, Any]:
+        """The call's prompt columns (records.prompt_columns.COLUMNS); its ids, where used, go
+        to the token sink."""
+        messages = body.get("messages")
         # the fixed part is what the app says it is: no hint, no fixed_prefix_tokens (null)
         hint = hints.get("fixed_messages")
         fixed_messages = None if hint is None else int(hint)
@@ -75,10 +116,10 @@ class PromptInstrument:
         else:
             pt = self._completion(body.get("prompt"), fixed_messages, engine_ids)
         if pt is None:
-            return out
+            return {}
         count = len(pt.ids)
         mismatch = None if prompt_tokens is None else count != prompt_tokens
-        out |= {
+        out: dict[str, Any] = {
             "prompt_token_source": pt.source,
             "prompt_token_count": count,
             "prompt_token_mismatch": mismatch,

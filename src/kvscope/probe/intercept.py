@@ -18,7 +18,6 @@ exits (and left as a pass-through if some other library wrapped `send` after kvs
 is active, LangGraph's runs are tracked (probe/run_tracker.py) for identity.
 """
 
-import json
 import logging
 import threading
 import time
@@ -29,7 +28,7 @@ from urllib.parse import urlsplit
 from kvscope.engines.base import Engine
 from kvscope.probe import run_tracker
 from kvscope.probe.identity import identify
-from kvscope.probe.measure import HTTPX_LIBS
+from kvscope.probe.measure import HTTPX_LIBS, loads
 from kvscope.probe.wire import CallContext, InFlight
 from kvscope.records.tools import ToolCall
 
@@ -67,7 +66,7 @@ class Interceptor:
     def begin(self, request: Any) -> InFlight | None:
         """The call a request starts, or None for one that is not a JSON call body."""
         try:
-            body = json.loads(request.content)
+            body = loads(request.content)
         except (ValueError, RuntimeError):  # RuntimeError: a streamed request body (unread)
             return None
         if not isinstance(body, dict):

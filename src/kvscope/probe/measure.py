@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 
 from kvscope.records.requests import STATUS_ERROR, STATUS_TIMEOUT, derived_cache
 
@@ -122,6 +123,24 @@ def measured(seen: Seen, t0: float, t_end: float, start_ns: int) -> dict[str, An
         "start_ns": start_ns,
         "end_ns": start_ns + int((t_end - t0) * 1e9),
     }
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON as the probe reads bodies and events: orjson, json where orjson refuses (NaN,
+    Infinity); a ValueError (json.JSONDecodeError) for what neither reads."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(value: Any) -> bytes:
+    """A request body as the probe sends it: orjson (UTF-8, compact), json where orjson refuses
+    (an int wider than 64 bits, NaN kept as NaN)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False).encode()
 
 
 def failure(err: BaseException) -> tuple[str, str, str]:

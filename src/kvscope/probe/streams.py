@@ -1,9 +1,13 @@
-"""The call streams of a capture: requests, prompt token ids, tool runs and trace payloads.
+"""The call streams of a capture: requests, prompt token ids and columns, tool runs, payloads.
 
 One writer per stream, each record flushed as it is written (a crash loses no finished call):
 JSON lines, but the prompt token ids, an Arrow IPC stream (records.tokens). A process that
 captures for a session it does not own (a profiled program, probe/child.py) writes its own part
 files, `<stream>.<pid>`, which the owner merges into the streams on close.
+
+A call whose prompt ids need the tokenizer has them made by a background thread
+(probe/tokenizing.py): its row is written at once, its prompt columns follow in
+prompt_columns.jsonl (records/prompt_columns.py); `close` first runs what that thread has queued.
 """
 
 from collections.abc import Callable
@@ -17,15 +21,17 @@ from kvscope.errors import WriteError
 from kvscope.probe import app_spans
 from kvscope.probe.hints import make_hints
 from kvscope.probe.instrument import PromptInstrument
+from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records.base import ArrowWriter, JsonlWriter, compact
 from kvscope.records.payloads import PAYLOADS_JSONL, CallPayload
+from kvscope.records.prompt_columns import PROMPT_COLUMNS_JSONL, PromptColumns
 from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
 from kvscope.records.tokens import TOKENS_ARROW, TOKENS_SCHEMA, PromptTokenIds
 from kvscope.records.tools import TOOLS_JSONL, ToolCall
 
-STREAMS = (REQUESTS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL)  # JSON lines
+STREAMS = (REQUESTS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL, PROMPT_COLUMNS_JSONL)  # JSON lines
 Writer = JsonlWriter[Any] | ArrowWriter[Any]
 
 
@@ -37,6 +43,7 @@ class CallStreams:
         self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
         self.write_error: WriteError | None = None  # the first file the disk refused
+        self.tokenizing = Tokenizing()
         self._open(part)
 
     def _open(self, part: str) -> None:
@@ -45,6 +52,9 @@ class CallStreams:
         self.tools: JsonlWriter[ToolCall] = JsonlWriter(run_dir / (TOOLS_JSONL + part))
         self.tokens: ArrowWriter[PromptTokenIds] | None = (
             token_writer(run_dir / (TOKENS_ARROW + part)) if self.has_tokens else None
+        )
+        self.prompt_columns: JsonlWriter[PromptColumns] | None = (
+            JsonlWriter(run_dir / (PROMPT_COLUMNS_JSONL + part)) if self.has_tokens else None
         )
         self.payloads: JsonlWriter[CallPayload] | None = (
             JsonlWriter(run_dir / (PAYLOADS_JSONL + part)) if self.has_payloads else None
@@ -67,7 +77,11 @@ class CallStreams:
             **run.to_dict(),
             sink=self.row,
             instrument=PromptInstrument(
-                chat, self.token if self.has_tokens else None, store_prompts
+                chat,
+                self.token if self.has_tokens else None,
+                store_prompts,
+                worker=self.tokenizing,
+                columns_sink=self.columns,
             ),
             payload_sink=self.payload if self.has_payloads else None,
             hints=make_hints(hints),
@@ -81,6 +95,10 @@ class CallStreams:
     def token(self, ids: PromptTokenIds) -> None:
         if self.tokens is not None:
             self._append(self.tokens, ids)
+
+    def columns(self, record: PromptColumns) -> None:
+        if self.prompt_columns is not None:
+            self._append(self.prompt_columns, record)
 
     def tool(self, call: ToolCall) -> None:
         self._append(self.tools, call if self.has_payloads else call.without_text())
@@ -98,10 +116,13 @@ class CallStreams:
             raise
 
     def writers(self) -> list[Writer]:
-        return [w for w in (self.requests, self.tools, self.tokens, self.payloads) if w]
+        writers = (self.requests, self.tools, self.tokens, self.prompt_columns, self.payloads)
+        return [w for w in writers if w]
 
     def close(self) -> None:
-        """Close the writers; the session's own streams also take in other processes' parts."""
+        """Run the tokenizer's queue, close the writers; the session's own streams also take in
+        other processes' parts."""
+        self.tokenizing.close()
         for writer in self.writers():
             writer.close()
         if not self.part:

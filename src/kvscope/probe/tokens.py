@@ -105,8 +105,10 @@ class ChatTokenizer:
     def encode_text(self, text: str, *, special: bool = False) -> list[int]:
         """Ids of `text`; `special`: add the tokenizer's special tokens (BOS...) as a raw
         completions prompt gets them. A rendered chat template already wrote its own (as HF's
-        apply_chat_template assumes), so it is encoded without."""
-        return self.tokenizer.encode(text, add_special_tokens=special).ids
+        apply_chat_template assumes), so it is encoded without. Encoded as a batch of one:
+        `encode_batch` lets go of the GIL while it works (`encode` holds it), so the app's
+        threads run meanwhile (probe/tokenizing.py encodes on a thread of its own)."""
+        return self.tokenizer.encode_batch([text], add_special_tokens=special)[0].ids
 
     def prompt(
         self,

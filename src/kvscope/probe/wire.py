@@ -34,13 +34,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvscope.collect.context import with_server_timings
+from kvscope.collect.context import SERVER_TIMINGS
 from kvscope.engines.base import Engine
 from kvscope.probe.identity import CallIdentity
-from kvscope.probe.measure import Seen, failure, measured, short
+from kvscope.probe.measure import Seen, dumps, failure, loads, measured, short
 from kvscope.records.payloads import CallPayload
 from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 
@@ -125,7 +125,7 @@ class InFlight:
         self.t0 = time.perf_counter()
 
     def content(self) -> bytes:
-        return json.dumps(self.body, ensure_ascii=False).encode()
+        return dumps(self.body)
 
     def replied(self, status_code: int, headers: Mapping[str, str]) -> None:
         """The reply's status line and headers arrived."""
@@ -180,7 +180,7 @@ class InFlight:
         if not data or data.strip() == b"[DONE]":
             return event
         try:
-            chunk = json.loads(data)
+            chunk = loads(data)
             self.seen.take_chunk(chunk, now)
         except (ValueError, TypeError, AttributeError) as err:
             self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
@@ -235,10 +235,7 @@ class InFlight:
         self.done = True
         t_end = time.perf_counter()
         problem = problem or self.problem or self._reply_problem(early)
-        record = self._record(t_end)
-        if problem is not None:
-            status, error_type, message = problem
-            record = replace(record, status=status, error_type=error_type, error_message=message)
+        record = self._record(t_end, problem)
         try:
             self.ctx.sink(record)
             if self.ctx.payload_sink is not None:
@@ -255,7 +252,7 @@ class InFlight:
             return None
         if not self.sse:
             try:
-                reply = json.loads(self.buffer)
+                reply = loads(self.buffer)
                 self.seen.take_reply(reply)
                 self.engine_ids = self.engine.reply_prompt_ids(reply)
             except (ValueError, TypeError, AttributeError) as err:
@@ -265,10 +262,27 @@ class InFlight:
             return STATUS_ERROR, "incomplete_stream", why
         return None  # a whole reply without usage: ok, its token counts unknown (null)
 
-    def _record(self, t_end: float) -> RequestRecord:
+    def _record(self, t_end: float, problem: tuple[str, str, str] | None) -> RequestRecord:
+        """The call's row, built once (one RequestRecord: no copy per column group); `problem`:
+        its (status, error_type, error_message) when it failed."""
         ctx, ident, body = self.ctx, self.ident, self.body
         model = body.get("model")
-        record = RequestRecord(
+        columns = measured(self.seen, self.t0, t_end, self.start_ns)
+        if (self.sse and self.seen.first_token is None) or not self.streaming:
+            columns["ttft_ms"] = None
+        if not self.streaming:
+            columns["tpot_ms"] = None
+        timings = self.engine.server_timings(self.seen.final) or {}
+        columns |= {k: v for k in SERVER_TIMINGS if (v := timings.get(k)) is not None}
+        if ctx.instrument is not None:
+            try:
+                columns |= ctx.instrument(
+                    self.sent, self.request_uuid, ident.hints, self.seen.final,
+                    columns["prompt_tokens"], self.engine_ids,
+                )  # fmt: skip
+            except Exception:  # a prompt kvscope cannot render is a row without its ids
+                log.exception("kvscope: could not read the prompt's token ids")
+        row = dict(
             benchmark_run_id=ctx.benchmark_run_id,
             experiment_name=ctx.experiment_name,
             configuration_hash=ctx.configuration_hash,
@@ -287,27 +301,16 @@ class InFlight:
             chat_template_name=ctx.chat_template_name,
             prompt_layout=None,
             sharing_mode=None,
-            status=STATUS_OK,
             engine_priority=_priority(body.get("priority")),
-            **measured(self.seen, self.t0, t_end, self.start_ns),
         )
-        if self.sse and self.seen.first_token is None:
-            record = replace(record, ttft_ms=None)
-        if not self.streaming:
-            record = replace(record, ttft_ms=None, tpot_ms=None)
-        record = with_server_timings(record, self.engine.server_timings(self.seen.final))
-        extra: dict[str, Any] = {}
-        if ctx.instrument is not None:
-            try:
-                extra = dict(
-                    ctx.instrument(
-                        self.sent, self.request_uuid, ident.hints, self.seen.final,
-                        record.prompt_tokens, self.engine_ids,
-                    )
-                )  # fmt: skip
-            except Exception:  # a prompt kvscope cannot render is a row without its ids
-                log.exception("kvscope: could not read the prompt's token ids")
-        return replace(record, **(extra | dict(ident.annotations)))
+        return RequestRecord(**(row | columns | _status(problem) | dict(ident.annotations)))
+
+
+def _status(problem: tuple[str, str, str] | None) -> dict[str, Any]:
+    if problem is None:
+        return {"status": STATUS_OK}
+    status, error_type, message = problem
+    return {"status": status, "error_type": error_type, "error_message": message}
 
 
 def _priority(value: Any) -> int | None:

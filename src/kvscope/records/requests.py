@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvscope.records.base import arrow_schema, conform, read_jsonl
+from kvscope.records.prompt_columns import with_prompt_columns
 
 REQUESTS_JSONL = "requests.jsonl"  # appended and flushed as each call ends
 REQUESTS_PARQUET = "requests.parquet"  # the same rows, typed, with the columns finalize fills
@@ -176,7 +177,7 @@ def load_table(run_dir: Path) -> pa.Table:
     parquet = run_dir / REQUESTS_PARQUET
     if parquet.exists():
         return RequestRecord.conform(pq.read_table(parquet))
-    return to_table(read_rows(run_dir)[0])
+    return with_prompt_columns(to_table(read_rows(run_dir)[0]), run_dir)
 
 
 def exists(run_dir: Path) -> bool:
