@@ -20,8 +20,9 @@ one turn per invocation) until the time is up. Calls are counted where they are 
 3. Load with `kvscope.profile(attach=...)` for `--seconds`: requests/s, per-call latency, rows
    in the finalized request table vs calls sent, MLflow traces written (the run's own audit) vs
    graph invocations, how long the session's close, finalize (tables, status, analysis) and
-   publish (report, MLflow params, metrics and traces) took, what a row queue did where the probe
-   has one (run.json's capture.probe_queue), and the profiled process's RSS sampled every 2 s:
+   publish (report, MLflow params, metrics and traces) took, where prompts were tokenized
+   (run.json's capture.prompt_tokenization: off the loop, or on it when the queue was full), and
+   the profiled process's RSS sampled every 2 s:
    peak, and its slope over the second half of the load (flat = no growth per call).
 
 Each load phase also reports CPU per call: the event loop thread's own (time.thread_time in it:
@@ -330,7 +331,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         t2 = time.monotonic()
         rows = run.requests().select(["status", "workflow_run_id", "agent_id"]).to_pylist()
         outcome = run.outcome
-        queue = (read_run_json(run.run_dir).get("capture") or {}).get("probe_queue") or {}
+        captured = read_run_json(run.run_dir).get("capture") or {}
+        tokenized = captured.get("prompt_tokenization") or {}
     assert outcome is not None
     fin = stages.get("writing the request table", t2)
     pub = stages.get("writing report.html", t2)
@@ -364,8 +366,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         ("rows written / ok", "", f"{len(rows)} / {ok}"),
         ("rows lost (sent - written)", "", f"{tally.sent - len(rows)}"),
         ("rows named by agent", "", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
-        ("rows built inline (queue full) / failed", "",
-         f"{queue.get('inline', '-')} / {queue.get('failed', '-')}"),
+        ("prompts tokenized off the loop / on it (queue full)", "",
+         f"{tokenized.get('worker', 0)} / {tokenized.get('app', 0)}"),
         ("graph invocations", f"{bare.invocations}", f"{tally.invocations}"),
         ("invocations with their 4 rows", "", f"{sum(n == 4 for n in per_invocation.values())}"),
         ("traces written / expected (audit)", "", traces),

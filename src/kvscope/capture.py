@@ -54,6 +54,7 @@ from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.tracing import TrackingRun, local_store_uri, unreachable
 from kvscope.probe.wire import CallContext, RunInfo
+from kvscope.records import prompt_columns
 from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_ARROW, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
@@ -278,6 +279,9 @@ class CaptureSession:
             for scraper in self._scrapers.values():
                 scraper.discard()  # its temporary folder, whether or not write() emptied it
             self._stack.close()  # the prompt-token stream, then the engine
+        tokenized = prompt_columns.tokenized_on(self.run_dir)
+        if tokenized:  # where calls were tokenized: "app" = the worker's queue was full
+            self._record({"prompt_tokenization": tokenized})
         errors = {n: s.error for n, s in self._scrapers.items() if s.error}
         if errors:
             self._record({"scrape_error": "; ".join(f"{n}: {e}" if n else e
