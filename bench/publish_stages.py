@@ -5,12 +5,16 @@ Stages, in order: finalize (the tables), analysis (analyze_run), summary + figur
 (summary.json, timeline.png, evictions.png), report (report.html), then the MLflow run in a
 fresh local SQLite store beside the run directory (kvscope's default, `sqlite:///<runs>/mlflow.db`):
 open + start (params), metrics + artifacts, traces (planned from the rows and streams, built and
-inserted: kvscope.traces.write_traces; its plan / build / insert seconds are summed by wrapping
-the functions, and build and insert overlap), the audit (TrackingRun.finish: every trace of the
-run counted with its spans, the audit's metrics logged, the run ended). Then the audit against
-the rows (a trace per invocation expected) and the child's peak RSS (VmHWM).
+inserted by kvscope.traces.write_traces in a child process started before the summary, beside
+the figures and the report: kvscope/trace_job.py; printed: the child's seconds from start to
+exit and how long publish waited for it after the report), the audit (TrackingRun.finish:
+every trace of the run counted with its spans, the audit's metrics logged, the run ended).
+Then the audit against the rows (a trace per invocation expected) and the peak RSS (VmHWM) of
+this process and of the trace writer (its own process).
 """
 
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +27,7 @@ from kvscope.finalize import finalize
 from kvscope.probe.tracing import TrackingRun
 from kvscope.publish import WorkloadOutcome, publish
 from kvscope.records import requests
+from kvscope.trace_job import TraceJob
 
 
 def _timed(module: Any, name: str, spent: dict[str, float], key: str) -> None:
@@ -37,6 +42,21 @@ def _timed(module: Any, name: str, spent: dict[str, float], key: str) -> None:
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
 
     setattr(module, name, wrapper)
+
+
+def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
+    """The trace writer's seconds from its start to its exit and its peak RSS (VmHWM, read
+    every 0.2 s: its rusage would count the parent's pages it was forked with)."""
+    t0, peak = time.perf_counter(), 0
+    while process.poll() is None:
+        try:
+            status = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+            peak = max(peak, next(int(x.split()[1]) for x in status if x.startswith("VmHWM")))
+        except (OSError, StopIteration):
+            pass
+        time.sleep(0.2)
+    inside["trace writer start to exit"] = time.perf_counter() - t0
+    inside["trace writer peak RSS MiB"] = peak / 1024
 
 
 def publish_run(folder: str) -> None:
@@ -60,9 +80,27 @@ def publish_run(folder: str) -> None:
     tracking.start(run_dir.name, {"calls": calls}, {"benchmark_run_id": run_dir.name})
     stage("MLflow open + start")
     inside: dict[str, float] = {}
-    _timed(traces, "plan_traces", inside, "plan")
-    _timed(trace_writer, "build_trace", inside, "build")
-    _timed(trace_writer, "insert_sqlite", inside, "insert")
+    start = TraceJob.start
+
+    def started(*args: Any) -> TraceJob | None:
+        job = start(*args)
+        if job is not None:
+            threading.Thread(target=watch, args=(job.process, inside), daemon=True).start()
+        return job
+
+    TraceJob.start = started  # type: ignore[method-assign, assignment]
+    wait = TraceJob.wait
+
+    def waited(self: TraceJob) -> Any:
+        t0 = time.perf_counter()
+        done = wait(self)
+        inside["publish waiting for it after the report"] = time.perf_counter() - t0
+        return done
+
+    TraceJob.wait = waited  # type: ignore[method-assign]
+    _timed(traces, "plan_traces", inside, "plan (here, no child)")
+    _timed(trace_writer, "build_trace", inside, "build (here)")
+    _timed(trace_writer, "insert_sqlite", inside, "insert (here)")
     _timed(TrackingRun, "finish", inside, "audit + run ended")
     outcome = publish(analysis, tracking, WorkloadOutcome(), on_stage=lambda _: stage(next(names)))
     stage("MLflow: metrics, artifacts, traces, audit")
@@ -73,10 +111,10 @@ def publish_run(folder: str) -> None:
           f"{invocations:,} invocations")  # fmt: skip
     for name, seconds in stages.items():
         print(f"  {name:42s} {seconds:7.2f} s")
-    print("  in MLflow's: " + ", ".join(f"{k} {v:.2f} s" for k, v in inside.items())
-          + " (build and insert overlap where insert runs in its thread)")  # fmt: skip
+    print("  traces: " + ", ".join(f"{k} {v:,.2f}" + ("" if "MiB" in k else " s")
+                                   for k, v in inside.items()))  # fmt: skip
     total = sum(stages.values())
-    print(f"finalize + publish: {total:.2f} s; the child's peak RSS {hwm / 1024:,.0f} MiB")
+    print(f"finalize + publish: {total:.2f} s; peak RSS {hwm / 1024:,.0f} MiB (this process)")
     audit = outcome.audit
     print(f"audit: {audit.written if audit else 0:,} traces complete of "
           f"{audit.expected if audit else 0:,} expected ({audit.dropped if audit else '-'} "

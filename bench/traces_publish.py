@@ -9,16 +9,16 @@ invocation has a failed call), with the columns a real row has filled (bench/fin
 message, the reply), is written by each writer into a fresh local SQLite store
 (`sqlite:///<tmp>/mlflow.db`, kvscope's default) under a started MLflow run, as publish does:
 `kvscope.traces.write_traces`, then `TrackingRun.finish` (drain MLflow's queues, the audit that
-reads every trace back with its spans, end the run). Writers: `fluent` (one span at a time
-through MLflow's fluent API, as before the bulk writer), `api` (built in bulk, written through
-MLflow's store API: `log_spans` per 100 traces, `start_trace` per trace, as the bulk writer
-writes to a tracking server) and `bulk` (kvscope's default: rows inserted, one transaction per
-500 traces). Printed: the machine (CPU, cores, load
-average: it may be shared), then per writer and size: seconds to write, seconds to finish
-(flush, audit, end the run), traces/s over both, traces audited as written of expected, the
-ratio to the first writer, and both times scaled to a 100k-call run. The traces are 10 spans
-each (root, 4 agent visits, 4 LLM calls, 1 tool); a 100k-call run of such invocations is
-25,000 traces. The fluent and api writers (~50 ms a trace) run only up to --fluent-up-to.
+counts every trace's spans: one SQL query on this store, end the run). Writers: `fluent` (one
+span at a time through MLflow's fluent API, as before the bulk writer), `api` (built in bulk,
+written through MLflow's store API: `log_spans` per 100 traces, `start_trace` per trace, as the
+bulk writer writes to a tracking server) and `bulk` (kvscope's default: rows inserted, one
+transaction per 500 traces). Printed: the machine (CPU, cores, load average: it may be shared),
+then per writer and size: seconds to write, seconds to finish (flush, audit, end the run),
+traces/s over both, traces audited as written of expected, the ratio to the first writer, and
+both times scaled to a 100k-call run. The traces are 10 spans each (root, 4 agent visits, 4 LLM
+calls, 1 tool); a 100k-call run of such invocations is 25,000 traces. The fluent and api writers
+(~50 ms a trace) run only up to --fluent-up-to.
 """
 
 import argparse

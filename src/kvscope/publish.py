@@ -15,6 +15,7 @@ from kvscope.probe.tracing import TraceAudit, TrackingRun, unreachable
 from kvscope.records import run_dir as files
 from kvscope.report import plots, timeline
 from kvscope.report.pages import write_run_report
+from kvscope.trace_job import TraceJob
 from kvscope.traces import TraceWrite, write_traces
 
 LOGGED_TAG = "kvscope.logged"  # set last: an MLflow run without it was cut off mid-upload
@@ -105,20 +106,30 @@ def publish(
     offline: str | None = None,
 ) -> RunOutcome:
     """Write the run's files, then log its metrics and files to its MLflow run and end that.
+    The run's traces are written meanwhile by a child process (kvscope/trace_job.py).
 
     Local-first: with no MLflow run (`offline` says why), or an MLflow that fails now, the
     files are all written and run.json's `mlflow` says the run is not logged; `kvscope log RUN`
     uploads it later. An MLflow failure never loses what was measured, and is not raised.
     """
-    write_files(analysis, on_stage)
     error = run_error(analysis, failure)
     uri = tracking.tracking_uri if tracking else None
     problem = (offline or "no MLflow run") if uri is None else unreachable(uri)
+    job = None
+    if traces and tracking is not None and problem is None and tracking.run_id:
+        job = TraceJob.start(analysis.run_dir, tracking.tracking_uri, tracking.experiment_id,
+                             tracking.run_id)  # fmt: skip
+    try:
+        write_files(analysis, on_stage)
+    except BaseException:
+        if job is not None:
+            job.cancel()
+        raise
     audit = None
     if tracking is not None and problem is None:
         on_stage("logging to MLflow")
         try:
-            audit = log_run(analysis, tracking, workload, traces=traces, error=error)
+            audit = log_run(analysis, tracking, workload, traces=traces, error=error, job=job)
         except Exception as err:  # MLflow's or its HTTP client's: never lose the run for them
             problem = f"MLflow logging failed: {type(err).__name__}: {err}"
     mlflow_record(analysis.run_dir, tracking, problem)
@@ -142,8 +153,13 @@ def log_run(
     *,
     traces: bool,
     error: str | None,
+    job: TraceJob | None = None,
 ) -> TraceAudit:
-    """The run's metrics, files, traces and status into its (started) MLflow run, then end it."""
+    """The run's traces (`job`'s, where one was started), metrics, files and status into its
+    (started) MLflow run, then end it. The traces come first: the child writing them is done
+    before this process writes to the store (SQLite takes one writer at a time)."""
+    # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
+    expected = write_run_traces(analysis, tracking, job).expected if traces else 0
     tracking.log_metrics(run_metrics(analysis, workload))
     for name in files.ARTIFACTS:
         if (analysis.run_dir / name).exists():
@@ -152,8 +168,6 @@ def log_run(
         for name in files.REPLICA_ARTIFACTS:
             if (folder / name).exists():
                 tracking.log_artifact(folder / name, f"{files.REPLICAS_DIR}/{replica}")
-    # A trace per invocation (and per graph-less call) that has a row: kvscope's or the app's.
-    expected = write_run_traces(analysis, tracking).expected if traces else 0
     status = analysis.run.get("status") or {}
     tracking.set_tags({"kvscope.status": status.get("state", "unknown"),
                        "kvscope.status_reason": status.get("reason") or "",
@@ -173,8 +187,13 @@ def mlflow_record(run_dir: Path, tracking: TrackingRun | None, problem: str | No
     (run_dir / files.RUN_JSON).write_text(json.dumps(run, indent=2, default=str))
 
 
-def write_run_traces(analysis: RunAnalysis, tracking: TrackingRun) -> TraceWrite:
-    """The run's MLflow traces from its finalized table and streams (kvscope/traces.py)."""
+def write_run_traces(
+    analysis: RunAnalysis, tracking: TrackingRun, job: TraceJob | None = None
+) -> TraceWrite:
+    """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): what
+    `job` wrote, else written here (no job, or one that wrote nothing)."""
+    if job is not None and (done := job.wait()) is not None:
+        return done
     return write_traces(
         analysis.run_dir,
         analysis.requests,

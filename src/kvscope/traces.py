@@ -23,14 +23,15 @@ links the app's traces to the kvscope run (an app in another process does not kn
 
 Writing: in bulk (trace_writer.py: the traces built as MLflow would store them, many per store
 operation: one transaction per 500 traces into the local SQLite store, one OTLP request per 100
-to a tracking server). The fluent way (`write_trace`: `mlflow.start_span_no_context` for each
-span, exported through MLflow's queues, paced by `Pace`) is kept for the stores that take no
-bulk writes and for traces whose values MLflow's tracer would move into attachments.
+to a tracking server); at publish, by a child process beside the report (trace_job.py). The
+fluent way (`write_trace`: `mlflow.start_span_no_context` for each span, exported through
+MLflow's queues, paced by `Pace`) is kept for the stores that take no bulk writes and for traces
+whose values MLflow's tracer would move into attachments.
 """
 
 import gc
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import groupby
@@ -83,14 +84,16 @@ def write_traces(
     experiment_id: str,
     run_id: str,
     bulk: bool = True,
+    on_planned: Callable[[int], None] = lambda _: None,
 ) -> TraceWrite:
     """Write the traces of `requests` (the finalized table) with the run dir's tools.jsonl and
     payloads.jsonl, linked to `run_id`: in bulk where the store takes it, the rest (all:
     `bulk=False`) through MLflow's export queue (flush before auditing: TrackingRun.finish
-    does)."""
+    does). `on_planned` hears how many traces kvscope writes before the first is written."""
     with _gc_paused():
         rows = requests.to_pylist()
         plans = plan_traces(rows, load_tools(run_dir), load_payloads(run_dir))
+        on_planned(len(plans))
         fluent = write_bulk(plans, client.tracking_uri, experiment_id, run_id) if bulk else plans
         pace = Pace()
         for p in fluent:

@@ -1,0 +1,69 @@
+"""kvscope.trace_job: publish's traces written by a child process beside the report, into a real
+MLflow SQLite store; a child that fails before writing leaves the traces to publish's process,
+one that fails while writing is not rerun and its traces are counted as planned."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from test_traces import open_run, store  # noqa: F401  (store: a fixture)
+
+import kvscope.publish
+import kvscope.trace_job
+from kvscope.analysis.run import RunAnalysis, analyze_run
+from kvscope.finalize import finalize
+from kvscope.publish import WorkloadOutcome, publish
+from kvscope.trace_job import PLANNED, RESULT, TraceJob
+from kvscope.traces import TraceWrite
+
+RUN = "fixture-pressure-20261123-190437-ee5775"  # 2 invocations
+
+
+def recorded(runs: Path, name: str) -> RunAnalysis:
+    run_dir = runs / name
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded-runs" / RUN, run_dir)
+    finalize(run_dir)
+    return analyze_run(run_dir)
+
+
+def test_the_child_writes_every_trace(
+    store: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def not_here(*_: object, **__: object) -> TraceWrite:
+        raise AssertionError("written in publish's process")
+
+    monkeypatch.setattr(kvscope.publish, "write_traces", not_here)
+    analysis = recorded(store, "child")
+    run = open_run(store, "child")
+    outcome = publish(analysis, run, WorkloadOutcome())
+    assert outcome.mlflow_error is None and outcome.audit is not None
+    assert outcome.audit.expected == outcome.audit.written == 2 and not outcome.audit.dropped
+    assert not (analysis.run_dir / RESULT).exists() and not (analysis.run_dir / PLANNED).exists()
+
+
+def test_a_child_that_fails_before_writing_leaves_them_to_publish(
+    store: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(kvscope.trace_job.sys, "executable", shutil.which("false"))
+    analysis = recorded(store, "fallback")
+    run = open_run(store, "fallback")
+    outcome = publish(analysis, run, WorkloadOutcome())
+    assert outcome.audit is not None
+    assert outcome.audit.expected == outcome.audit.written == 2 and not outcome.audit.dropped
+    assert "failed before writing" in caplog.text
+
+
+def test_a_child_that_fails_while_writing_is_not_rerun(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    code = f"import sys; open({str(tmp_path / PLANNED)!r}, 'w').write('7'); sys.exit('locked')"
+    process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    assert TraceJob(process, tmp_path).wait() == TraceWrite(written=7, app_linked=0)
+    assert "failed while writing (exit 1: locked)" in caplog.text
+    assert not (tmp_path / PLANNED).exists()
