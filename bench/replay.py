@@ -12,9 +12,13 @@ numpy, the trace and the simulation; VmHWM), and its RSS just before `simulate()
 
     PYTHONPATH=src python bench/replay.py [--requests 100000] [--policies lru,belady]
         [--engine vllm,sglang] [--check]
+    PYTHONPATH=src python bench/replay.py --load-tokens 20000000 [--requests 2000]
 
 `--engine`: "vllm" (the block pool), "sglang" (the radix cache; only its policies run there) or
 both, comma-separated. `--check`: the same at 25k, 50k and 100k requests: is the cost linear?
+`--load-tokens N`: instead, how long `load_source` takes to read a token-id trace (JSONL) of
+about N prompt tokens over `--requests` requests and the same requests as a Mooncake trace
+(--block-size), each in a child process: CPU and wall seconds, peak RSS.
 """
 
 from __future__ import annotations
@@ -207,9 +211,70 @@ def time_chain_keys(block_size: int, n: int = 2000) -> None:
           f"({n / dt:.0f} prompts/s; {len(keys)} blocks)")  # fmt: skip
 
 
+def write_traces(d: Path, n: int, tokens: int, block_size: int) -> tuple[Path, Path]:
+    """A token-id trace of n requests, ~`tokens` prompt tokens in all (each prompt: a prefix
+    shared by all, its workflow's growing context, a fresh suffix), and the same requests as a
+    Mooncake trace; written with orjson."""
+    import orjson
+
+    from kvscope.sim.inputs.convert import mooncake_rows
+    from kvscope.sim.inputs.sources import load_source
+
+    rng = np.random.default_rng(2)
+    per = max(tokens // n, 4)
+    shared = rng.integers(0, 50_000, size=per // 4)
+    tok_path, moon_path = d / "tokens.jsonl", d / "mooncake.jsonl"
+    contexts: dict[int, np.ndarray] = {}
+    with tok_path.open("wb") as f:
+        for i in range(n):
+            wf = i // 8
+            ctx = contexts.setdefault(wf, rng.integers(0, 50_000, size=per // 2))
+            step = (i % 8 + 1) * len(ctx) // 8
+            suffix = rng.integers(0, 50_000, size=max(per - len(shared) - step, 1))
+            ids = np.concatenate([shared, ctx[:step], suffix])
+            row = {"request_id": f"r{i}", "timestamp": i * 10, "token_ids": ids,
+                   "output_length": 64, "agent": f"a{i % 4}", "workflow": f"w{wf}"}  # fmt: skip
+            f.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            contexts.pop(wf - 1, None)
+    with moon_path.open("wb") as f:
+        for row in mooncake_rows(load_source(tok_path, block_size)):
+            f.write(orjson.dumps(row) + b"\n")
+    return tok_path, moon_path
+
+
+def load_worker(path: str, block_size: int) -> None:
+    """Child: load_source(path), print one JSON line (seconds, peak RSS)."""
+    from kvscope.sim.inputs.sources import load_source
+
+    t, c = time.perf_counter(), time.process_time()
+    source = load_source(Path(path), block_size)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_mb": _peak_mb(), "n": len(source.trace),
+                      "tokens": int(source.trace.prompt_tokens.sum())}))  # fmt: skip
+
+
+def time_loading(n: int, tokens: int, block_size: int, repeat: int = 3) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        paths = write_traces(Path(d), n, tokens, block_size)
+        for path in paths:
+            mb = path.stat().st_size / 2**20
+            for _ in range(repeat):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--load-worker", str(path), str(block_size)],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"load {path.name:14s} {mb:6.0f} MB, {r['n']} requests, {r['tokens']:,} "
+                      f"tokens: {r['wall']:6.2f} s wall {r['cpu']:6.2f} s CPU  "
+                      f"peak RSS {r['peak_mb']:5.0f} MB")  # fmt: skip
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--load-worker":
+        load_worker(sys.argv[2], int(sys.argv[3]))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000)
@@ -218,7 +283,11 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--engine", default="vllm", help="vllm, sglang or both: vllm,sglang")
     ap.add_argument("--check", action="store_true", help="25k, 50k and 100k: is it linear?")
+    ap.add_argument("--load-tokens", type=int, help="time load_source on traces of ~N tokens")
     a = ap.parse_args()
+    if a.load_tokens:
+        time_loading(a.requests, a.load_tokens, a.block_size)
+        return
     cap = a.capacity_tokens // a.block_size
     pol = a.policies.split(",")
     time_chain_keys(a.block_size)

@@ -7,27 +7,32 @@ from typing import ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvscope.errors import KvscopeError
 
-console = Console()
+# emoji=False: rich would turn a `file:100:` line number into an emoji (":100:" is one)
+console = Console(emoji=False)
 if not console.is_terminal and "COLUMNS" not in os.environ:
     console.width = 120  # logs and CI: tables stay readable instead of folding at 80
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, emoji=False)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 def friendly(fn: Callable[P, R]) -> Callable[P, R]:
-    """Report a KvscopeError as one `error:` line (plus an engine log tail) and exit 2."""
+    """Report a KvscopeError as one `error:` line (plus an engine log tail) and exit 2; the
+    message is printed as it is (no markup, no emoji: `x.jsonl:100:` stays intact)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except KvscopeError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(2) from None
 
     return wrapper

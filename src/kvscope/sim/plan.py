@@ -6,9 +6,13 @@ predicted-next-agent and Belady (an SGLang run: its own, lru, priority, steps-to
 and predicted-next-hints, the policies its radix cache can run: every arm of an eviction-hints
 A/B predicted from any one run); on a trace LRU and Belady. A
 default not registered in POLICIES yet is skipped with a note, so new policies join without a
-change here.
+change here. The policies that rank blocks by agent (AGENT_POLICIES: steps-to-execution,
+predicted-next-agent and the hint policies computed offline) are refused on a trace whose
+requests name no agent (they would replay as LRU, silently); as a default they are skipped,
+said in a note.
 Capacities: the user's list (tokens), else the run's capacity. Each is replayed as
-capacity_tokens // block_size blocks.
+capacity_tokens // block_size blocks (said in a note when that rounds it down; each result keeps
+the capacity asked for as requested_capacity_tokens).
 Engine semantics: the trace's engine when simulate.ENGINES has it, else the simulator's default
 (said in a note); the hint policies (sim/hints.py) are SGLang's, replayed on its semantics when
 the trace names no engine and refused on vLLM's, or without the priorities they need. A run
@@ -21,7 +25,7 @@ The fidelity replay never has one (the engine it is checked against had none).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvscope.errors import KvscopeError
 from kvscope.sim.hints import HINT_POLICIES, check_hints
@@ -31,6 +35,11 @@ from kvscope.sim.results.summary import Summary, summarize
 from kvscope.sim.simulate import ENGINES, POLICIES, RADIX_POLICIES, simulate
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
+AGENT_POLICIES = (
+    "steps-to-execution",
+    "predicted-next-agent",
+    *(p for p, level in HINT_POLICIES.items() if level is not None),
+)
 SGLANG_DEFAULTS = ("lru", "priority", "steps-to-execution-hints", "predicted-next-hints")
 TRACE_DEFAULTS = ("lru", "belady")
 
@@ -53,9 +62,16 @@ def split_list(text: str | None) -> list[str]:
 
 def choose_policies(requested: Sequence[str], source: Source) -> tuple[list[str], list[str]]:
     """(policies, notes) as the module doc says."""
+    agentless = all(a is None for a in source.trace.agents)
     if requested:
         if unknown := [p for p in requested if p not in POLICIES]:
             raise KvscopeError(f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}")
+        if agentless and (needs := [p for p in requested if p in AGENT_POLICIES]):
+            raise KvscopeError(
+                f"policy {needs[0]!r} ranks blocks by agent, and no request of "
+                f"{source.trace.source} names one (it would replay as LRU): give the trace's "
+                "lines `agent` and `workflow`, or choose another policy"
+            )
         return list(dict.fromkeys(requested)), []
     if source.kind == "run":
         own = source.policy or "lru"
@@ -64,10 +80,12 @@ def choose_policies(requested: Sequence[str], source: Source) -> tuple[list[str]
         defaults = list(TRACE_DEFAULTS)
     chosen, notes = [], []
     for name in dict.fromkeys(defaults):
-        if name in POLICIES:
-            chosen.append(name)
-        else:
+        if name not in POLICIES:
             notes.append(f"policy {name!r} skipped: not in this simulator yet")
+        elif agentless and name in AGENT_POLICIES:
+            notes.append(f"policy {name!r} skipped: no request names an agent (it equals LRU)")
+        else:
+            chosen.append(name)
     if not chosen:
         raise KvscopeError(f"no default policy is available; choose with --policy {POLICIES}")
     return chosen, notes
@@ -117,7 +135,10 @@ def make_plan(
     bs = source.trace.block_size
     for cap in caps:
         if cap % bs:
-            notes.append(f"capacity {cap} tokens is {cap // bs} whole blocks of {bs}")
+            notes.append(
+                f"capacity {cap:,} tokens replayed as {cap // bs:,} whole blocks of {bs} = "
+                f"{cap // bs * bs:,} tokens (a cache holds whole blocks)"
+            )
     host_blocks = (host_tokens or 0) // bs
     if host_tokens is not None and host_blocks < 1:
         raise KvscopeError(f"--host-tokens {host_tokens} is less than one block of {bs}")
@@ -176,7 +197,8 @@ def run_plan(
         semantics = {"engine": engine} if engine else {}
         for cap in plan.capacities:
             result = simulate(trace, policy, cap // trace.block_size, **semantics, **tier)
-            summaries.append(summarize(trace, result, ms_per_token, plan.load_ms_per_block))
+            summary = summarize(trace, result, ms_per_token, plan.load_ms_per_block)
+            summaries.append(replace(summary, requested_capacity_tokens=cap))
             if (
                 not tier
                 and policy == own

@@ -214,3 +214,16 @@ def test_bad_host_tier_options_are_one_line_errors(
 ) -> None:
     result = runner.invoke(app, ["replay", str(run), "--no-write", *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_an_error_line_is_printed_intact_line_number_and_brackets(tmp_path: Path) -> None:
+    good = json.dumps({"request_id": "a", "token_ids": [1, 2]})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(good + "\n" * 99 + "{oops\n")  # line 100: ":100:" is an emoji to rich
+    result = runner.invoke(app, ["replay", str(trace), "--block-size", "1"])
+    assert result.exit_code == 2
+    assert f"{trace}:100: not JSON" in result.output.replace("\n", "")
+    trace.write_text(good + "\n" + json.dumps({"request_id": "b", "token_ids": ["[bold]x"]}))
+    result = runner.invoke(app, ["replay", str(trace), "--block-size", "1"])
+    assert result.exit_code == 2
+    assert "holds a non-integer id ('[bold]x' at position 0)" in result.output.replace("\n", "")

@@ -121,7 +121,7 @@ def test_a_mooncake_trace_keeps_the_ids_of_full_blocks_only(tmp_path: Path) -> N
         ),
         (
             {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1]},
-            "has 1 ids for 4 full blocks",
+            "m.jsonl:2: field 'hash_ids' has 1 ids, but input_length 8 is 4 blocks of 2 tokens",
         ),
     ],
 )

@@ -142,7 +142,13 @@ def test_capacities_default_to_the_runs_and_parse_a_sweep() -> None:
     with pytest.raises(KvscopeError, match="less than one block"):
         plan.choose_capacities(["100"], source)
     made = plan.make_plan(source, ["lru"], ["3500"])
-    assert made.notes == ["capacity 3500 tokens is 27 whole blocks of 128"]
+    assert made.notes == [
+        "capacity 3,500 tokens replayed as 27 whole blocks of 128 = 3,456 tokens "
+        "(a cache holds whole blocks)"
+    ]
+    (result,) = plan.run_plan(source, made).summaries
+    assert (result.capacity_tokens, result.requested_capacity_tokens) == (3456, 3500)
+    assert result.to_dict()["requested_capacity_tokens"] == 3500
 
 
 def test_run_plan_replays_each_policy_and_capacity_and_the_fidelity_once() -> None:

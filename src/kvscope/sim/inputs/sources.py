@@ -21,14 +21,14 @@ replay needs to say about it):
 Both JSONL formats also accept kvscope's extensions `end_timestamp` (ms: when the request
 ended; absent: at its start), `previous_agent` (absent: the agent of the workflow's previous
 request) and, on Mooncake lines, `request_id`, `agent`, `workflow`.
-A bad line is a KvscopeError naming the file, the line number and the field.
+A bad line is a KvscopeError naming the file, the line number and the field (what is refused:
+sim/inputs/jsonl.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.run_dir import RunDir
 from kvscope.records.tokens import TOKENS_ARROW
+from kvscope.sim.inputs import jsonl
 from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -79,10 +80,10 @@ def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
         return load_run(RunDir.open(path), block_size)
-    first = next(_lines(path), None)
+    first = next(jsonl.lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")
-    _, row = first
+    _, row, _ = first
     if "hash_ids" in row:
         return load_mooncake(path, _need_block_size(block_size, path, "a Mooncake trace"))
     if "token_ids" in row:
@@ -240,143 +241,15 @@ def _stored_block_hit(
     return after
 
 
-# --- JSONL traces ------------------------------------------------------------------------------
-
-
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number from 1, object) per non-blank line; a line that is not a JSON object fails."""
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise KvscopeError(f"{path}:{n}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise KvscopeError(f"{path}:{n}: not a JSON object")
-            yield n, row
-
-
-def _field(
-    path: Path, n: int, row: dict[str, Any], name: str, kind: type | tuple[type, ...]
-) -> Any:
-    if name not in row or row[name] is None:
-        raise KvscopeError(f"{path}:{n}: missing field {name!r}")
-    value = row[name]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise KvscopeError(f"{path}:{n}: field {name!r} has the wrong type ({value!r:.40})")
-    return value
-
-
-def _ms(path: Path, n: int, row: dict[str, Any], name: str, default: float) -> float:
-    return float(_field(path, n, row, name, (int, float))) if row.get(name) is not None else default
-
-
-def _previous_agents(agents: list[str | None], workflows: list[str | None]) -> list[str | None]:
-    """Each request's previous agent: the agent of the previous request of its workflow."""
-    last: dict[str | None, str | None] = {}
-    out: list[str | None] = []
-    for agent, workflow in zip(agents, workflows, strict=True):
-        out.append(last.get(workflow))
-        last[workflow] = agent
-    return out
-
-
-@dataclass
-class _Rows:
-    """Parsed JSONL requests, in file order, before sorting into a Trace."""
-
-    ids: list[str] = field(default_factory=list)
-    start_ms: list[float] = field(default_factory=list)
-    end_ms: list[float] = field(default_factory=list)
-    prompt: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    agents: list[str | None] = field(default_factory=list)
-    workflows: list[str | None] = field(default_factory=list)
-    previous: list[str | bool | None] = field(default_factory=list)  # False: not given
-
-    def add(self, path: Path, n: int, row: dict[str, Any], rid: str, start: float) -> None:
-        self.ids.append(rid)
-        self.start_ms.append(start)
-        self.end_ms.append(max(_ms(path, n, row, "end_timestamp", start), start))
-        self.agents.append(row.get("agent"))
-        self.workflows.append(row.get("workflow"))
-        self.previous.append(row.get("previous_agent", False))
-
-    def trace(self, source: Path, block_size: int, keys: list[np.ndarray]) -> Trace:
-        order = np.argsort(np.array(self.start_ms), kind="stable")
-        pick = [int(i) for i in order]
-        derived = _previous_agents(
-            [self.agents[i] for i in pick], [self.workflows[i] for i in pick]
-        )
-        previous = [
-            derived[j] if self.previous[i] is False else self.previous[i]
-            for j, i in enumerate(pick)
-        ]
-        counts = np.array([len(keys[i]) for i in pick], dtype=np.int64)
-        offsets = np.zeros(len(pick) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        flat = [keys[i] for i in pick]
-        return Trace(
-            source=str(source),
-            block_size=block_size,
-            request_ids=tuple(self.ids[i] for i in pick),
-            start_s=np.array([self.start_ms[i] for i in pick], dtype=np.float64) / 1e3,
-            end_s=np.array([self.end_ms[i] for i in pick], dtype=np.float64) / 1e3,
-            prompt_tokens=np.array([self.prompt[i] for i in pick], dtype=np.int64),
-            output_tokens=np.array([self.output[i] for i in pick], dtype=np.int64),
-            keys=np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint64),
-            offsets=offsets,
-            agents=tuple(self.agents[i] for i in pick),
-            workflows=tuple(self.workflows[i] for i in pick),
-            previous_agents=tuple(previous),  # type: ignore[arg-type]
-        )
+# --- JSONL traces (sim/inputs/jsonl.py) --------------------------------------------------------
 
 
 def load_mooncake(path: Path, block_size: int) -> Source:
     """A Mooncake trace: `hash_ids` are the block keys (see module doc)."""
-    rows, keys = _Rows(), []
-    for n, row in _lines(path):
-        start = float(_field(path, n, row, "timestamp", (int, float)))
-        length = int(_field(path, n, row, "input_length", int))
-        rows.prompt.append(length)
-        rows.output.append(int(_field(path, n, row, "output_length", int)))
-        hash_ids = _field(path, n, row, "hash_ids", list)
-        full = length // block_size
-        if len(hash_ids) < full:
-            raise KvscopeError(
-                f"{path}:{n}: field 'hash_ids' has {len(hash_ids)} ids for {full} full blocks "
-                f"of {block_size} tokens (input_length {length}): is --block-size right?"
-            )
-        try:
-            keys.append(np.array(hash_ids[:full], dtype=np.uint64))
-        except (TypeError, ValueError, OverflowError):
-            raise KvscopeError(f"{path}:{n}: field 'hash_ids' holds a non-integer id") from None
-        rows.add(path, n, row, str(row.get("request_id", f"line-{n}")), start)
-    if not rows.ids:
-        raise KvscopeError(f"{path} is empty: no requests to replay")
-    return Source("mooncake", rows.trace(path, block_size, keys))
+    return Source("mooncake", jsonl.read_mooncake(path, block_size))
 
 
 def load_token_trace(path: Path, block_size: int) -> Source:
     """A token-id trace: keys are chained from the token ids (see module doc)."""
-    rows, ids = _Rows(), []
-    no_output = 0
-    for n, row in _lines(path):
-        rid = str(_field(path, n, row, "request_id", (str, int)))
-        tokens = _field(path, n, row, "token_ids", list)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise KvscopeError(f"{path}:{n}: field 'token_ids' holds a non-integer id")
-        ids.append(tokens)
-        rows.prompt.append(len(tokens))
-        given = row.get("output_length") is not None
-        no_output += not given
-        rows.output.append(int(_field(path, n, row, "output_length", int)) if given else 0)
-        rows.add(path, n, row, rid, _ms(path, n, row, "timestamp", float(len(rows.ids))))
-    if not rows.ids:
-        raise KvscopeError(f"{path} is empty: no requests to replay")
-    keys, offsets = chain_keys(ids, block_size)
-    per_request = [keys[offsets[i] : offsets[i + 1]] for i in range(len(ids))]
-    notes = [f"{no_output} requests without output_length: replayed with 0"] if no_output else []
-    return Source("tokens", rows.trace(path, block_size, per_request), notes=notes)
+    trace, notes = jsonl.read_token_trace(path, block_size)
+    return Source("tokens", trace, notes=notes)

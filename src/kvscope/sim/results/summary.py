@@ -2,13 +2,14 @@
 harmful evictions by agent pair, and the TTFT the policy would save.
 
 `summarize(trace, result, ms_per_token)` -> `Summary`; `Summary.to_dict()` is the JSON record
-(`--json`, replay.json): {policy, capacity_tokens, requests, prompt_tokens, cached_tokens,
-hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}}, seconds, ...} plus
-capacity_blocks, recompute_tokens, preempted, evictions, per_transition (same shape as
-per_agent), harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed
-because the evictor agent's allocation evicted what the victim agent had stored) and
-ttft_saved_ms; with a host tier also `tiers` (tiered.py: device / host / prefetched / missed
-tokens per agent, the load time). Recompute tokens are those neither hit nor loaded; host hits
+(`--json`, replay.json): {policy, capacity_tokens (the whole blocks replayed), requests,
+prompt_tokens, cached_tokens, hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}},
+seconds, ...} plus capacity_blocks, requested_capacity_tokens (as asked, before rounding to
+whole blocks), recompute_tokens, preempted, evictions, per_transition (same shape as per_agent),
+harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed because the
+evictor agent's allocation evicted what the victim agent had stored) and ttft_saved_ms; with a
+host tier also `tiers` (tiered.py: device / host / prefetched / missed tokens per agent, the
+load time). Recompute tokens are those neither hit nor loaded; host hits
 count in TTFT saved as prefill saved less their load time (null when no load cost was given).
 
 Hit ratio (the device's) is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` =
@@ -52,12 +53,16 @@ class Summary:
     ttft_saved_ms: float | None
     seconds: float
     tiers: dict[str, Any] | None = None  # tiered.tier_numbers, with a host tier only
+    # the capacity asked for, in tokens (capacity_tokens: the whole blocks it holds); None: not
+    # known (a summary made outside a replay plan)
+    requested_capacity_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
             "capacity_tokens": self.capacity_tokens,
             "capacity_blocks": self.capacity_blocks,
+            "requested_capacity_tokens": self.requested_capacity_tokens,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
