@@ -40,5 +40,3 @@ def context_columns(
 
 
 SERVER_TIMINGS = ("queue_ms", "prefill_ms", "decode_ms")  # an engine's own per-request timing
-
-

@@ -1,5 +1,6 @@
 """KV usage and running/queued requests over time, with every agent call drawn on the same axis."""
 
+import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -9,6 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgb
 
 from kvscope.analysis.agents import AgentOrder, agent_key, agent_order
 
@@ -19,6 +23,10 @@ PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#D
            "#8C8C8C", "#CCB974", "#64B5CD", "#2a9d8f", "#e76f51", "#264653", "#b5838d")  # fmt: skip
 NO_AGENT_COLOR = "#777"
 NO_THREAD = "(no thread)"
+MAX_LANE_LABELS = 40  # more workflows than this: their lanes are drawn unnamed, without edges
+MAX_BARS = 20_000  # more calls than this: drawn as one image (RASTER_WIDTH x RASTER_ROWS at most)
+RASTER_WIDTH, RASTER_ROWS = 1200, 600
+FAILED_COLOR = "#111"
 
 
 def agent_color(agent: str | None, order: AgentOrder = ()) -> str:
@@ -43,10 +51,14 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     def secs(t_ns: int) -> float:
         return (t_ns - t0) / 1e9
 
-    lanes = sorted({r["thread_id"] or NO_THREAD for r in rows})
+    lanes = sorted({r["thread_id"] or NO_THREAD for r in rows}, key=_natural)
     order = agent_order(rows)
     fig, (kv, queue, calls) = plt.subplots(
-        3, 1, sharex=True, figsize=(11, 7.5), height_ratios=(2, 1, max(1.5, 0.35 * len(lanes)))
+        3,
+        1,
+        sharex=True,
+        figsize=(11, 7.5),
+        height_ratios=(2, 1, min(max(1.5, 0.35 * len(lanes)), 6)),
     )
     used = series.get("kv_used_tokens", ())
     if used:
@@ -66,15 +78,13 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
                        color=color, label=name.replace("_", " "))  # fmt: skip
     queue.set_ylabel("requests")
     _legend_or_note(queue)
-    for r in rows:
-        lane = lanes.index(r["thread_id"] or NO_THREAD)
-        end = r["end_ns"] if r["end_ns"] > r["start_ns"] else r["start_ns"] + 1
-        color = agent_color(r["agent_id"], order)
-        hatch = None if r["status"] == "ok" else "xx"
-        calls.barh(lane, secs(end) - secs(r["start_ns"]), left=secs(r["start_ns"]), height=0.7,
-                   color=color, edgecolor="white", hatch=hatch)  # fmt: skip
-    calls.set_yticks(range(len(lanes)), [lane.rsplit("-", 1)[-1] for lane in lanes], fontsize=8)
-    calls.set_ylabel("workflow")
+    _bars(calls, rows, lanes, order, secs)
+    if len(lanes) <= MAX_LANE_LABELS:
+        calls.set_yticks(range(len(lanes)), [lane.rsplit("-", 1)[-1] for lane in lanes],
+                         fontsize=8)  # fmt: skip
+    else:  # one lane per workflow, too many to name: a band of calls
+        calls.set_yticks([])
+    calls.set_ylabel("workflow" if len(lanes) <= MAX_LANE_LABELS else f"{len(lanes):,} workflows")
     calls.set_xlabel("seconds")
     agents = sorted({r["agent_id"] for r in rows if r["agent_id"]}, key=agent_key(order))
     handles = [plt.Rectangle((0, 0), 1, 1, color=agent_color(a, order)) for a in agents]
@@ -84,6 +94,71 @@ def plot(rows: Sequence[dict[str, Any]], series: Series, path: Path, title: str)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _bars(
+    calls: Any,
+    rows: Sequence[dict[str, Any]],
+    lanes: list[str],
+    order: AgentOrder,
+    secs: Callable[[int], float],
+) -> None:
+    """Every call as a bar in its workflow's lane, coloured by agent, hatched when it failed:
+    one PolyCollection per colour and status (a bar per call as a patch of its own took ~1 ms
+    each: minutes for a 100k-call run); past MAX_BARS calls, one image of the lanes (`_raster`:
+    drawing that many polygons took ~7 s)."""
+    lane_of = {lane: i for i, lane in enumerate(lanes)}
+    groups: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
+    for r in rows:
+        end = r["end_ns"] if r["end_ns"] > r["start_ns"] else r["start_ns"] + 1
+        key = (agent_color(r["agent_id"], order), r["status"] != "ok")
+        y = lane_of[r["thread_id"] or NO_THREAD]
+        groups.setdefault(key, []).append((y, secs(r["start_ns"]), secs(end)))
+    if not rows:
+        return
+    if len(rows) > MAX_BARS:
+        _raster(calls, {k: np.array(v) for k, v in groups.items()}, len(lanes))
+        return
+    few = len(lanes) <= MAX_LANE_LABELS
+    for (color, failed), bars in groups.items():
+        y, x0, x1 = np.array(bars).T
+        low, high = y - 0.35, y + 0.35
+        verts = np.stack([np.stack(corner, axis=-1) for corner in
+                          ((x0, low), (x1, low), (x1, high), (x0, high))], axis=1)  # fmt: skip
+        calls.add_collection(PolyCollection(
+            verts, facecolors=color, edgecolors="white" if few else color,
+            linewidths=0.5 if few else 0, hatch="xx" if failed else None,
+        ))  # fmt: skip
+    calls.set_ylim(-0.5, len(lanes) - 0.5)
+    calls.autoscale_view(scaley=False)
+
+
+def _raster(calls: Any, groups: Mapping[tuple[str, bool], Any], n_lanes: int) -> None:
+    """The calls as one image, RASTER_WIDTH columns over the run's time and a row per lane (or
+    per band of lanes, at most RASTER_ROWS): a pixel takes the colour of a call over it, failed
+    calls drawn last in FAILED_COLOR."""
+    x_min = min(float(b[:, 1].min()) for b in groups.values())
+    x_max = max(float(b[:, 2].max()) for b in groups.values())
+    span = (x_max - x_min) or 1.0
+    rows = min(n_lanes, RASTER_ROWS)
+    image = np.ones((rows, RASTER_WIDTH, 3))
+    for (color, failed), bars in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        rgb = to_rgb(FAILED_COLOR if failed else color)
+        lane = (bars[:, 0] * rows // n_lanes).astype(int)
+        first = ((bars[:, 1] - x_min) / span * (RASTER_WIDTH - 1)).astype(int)
+        last = ((bars[:, 2] - x_min) / span * (RASTER_WIDTH - 1)).astype(int)
+        for y, a, b in zip(lane.tolist(), first.tolist(), last.tolist(), strict=True):
+            image[y, a : b + 1] = rgb
+    calls.imshow(image, aspect="auto", origin="lower", interpolation="nearest",
+                 extent=(x_min, x_max, -0.5, n_lanes - 0.5))  # fmt: skip
+    if any(failed for _, failed in groups):
+        calls.text(0.99, 0.02, "failed calls in black", transform=calls.transAxes, ha="right",
+                   fontsize=8, color=FAILED_COLOR)  # fmt: skip
+
+
+def _natural(name: str) -> list[tuple[int, int | str]]:
+    """A sort key that puts `load-2` before `load-10` (numbers by value)."""
+    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", name)]
 
 
 def _legend_or_note(ax: plt.Axes) -> None:
