@@ -18,7 +18,7 @@ dropped for speed. The run's audit (probe/tracing.py) still reads back what reac
 import json
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mlflow.entities import Experiment, Span
@@ -74,11 +74,11 @@ def write_bulk(
     """Write the traces of `plans`, linked to `run_id`; the plans left to write the fluent
     way (the store takes no bulk writes, or a trace's values need MLflow's tracer).
 
-    Into SQLite a chunk is inserted on a thread of its own while the next one is built (the
-    insert spends most of its time in SQLite, without the GIL); at most one chunk is being
-    inserted and one built. A chunk that fails is logged and not retried (the run's audit
-    counts it as dropped); where inserting into SQLite fails, that chunk and the rest go
-    through MLflow's store API."""
+    A chunk is built, then written, in this thread: inserting on a second thread while the next
+    chunk was built took longer (10,000 traces: 11.2 s, not 10.0 s; the inserting thread waited
+    for the GIL after each row SQLite stored). A chunk that fails is logged and not retried
+    (the run's audit counts it as dropped); where inserting into SQLite fails, that chunk and
+    the rest go through MLflow's store API."""
     client = TracingClient(tracking_uri)
     path = bulk_path(client.store, tracking_uri)
     if path is None:
@@ -87,27 +87,20 @@ def write_bulk(
     experiment = client.store.get_experiment(experiment_id)
     left: list[TracePlan] = []
     size = CHUNK if path == SQLITE else SERVER_CHUNK
-    chunks = range(0, len(plans), size)
-    inserting: tuple[Future[None], int, int, list[BuiltTrace]] | None = None
-    with ThreadPoolExecutor(1, thread_name_prefix="kvscope-traces") as pool:
-        for start in [*chunks, None]:
-            before = len(left)
-            built = [] if start is None else _build(plans[start : start + size], experiment_id,
-                                                     run_id, env, left)  # fmt: skip
-            if inserting is not None:  # the chunk before: inserted, or through the store API
-                future, at, ahead, done = inserting
-                inserting = None
-                if not _inserted(future, tracking_uri):
-                    path = CLIENT
-                    if not _log(client, experiment_id, done):
-                        return left[:ahead] + list(plans[at:])
-            if start is None:
-                break
-            if path == SQLITE:
-                future = pool.submit(insert_sqlite, client.store, experiment, built)
-                inserting = (future, start, before, built)
-            elif not _log(client, experiment_id, built):
-                return left[:before] + list(plans[start:])
+    for start in range(0, len(plans), size):
+        before = len(left)
+        built = _build(plans[start : start + size], experiment_id, run_id, env, left)
+        if path == SQLITE:
+            try:
+                insert_sqlite(client.store, experiment, built)
+                continue
+            except Exception as err:  # a newer MLflow's schema, a locked database: its API
+                log.warning("MLflow traces: inserting into %s failed (%s: %s); writing "
+                            "through MLflow's store API", tracking_uri, type(err).__name__,
+                            err)  # fmt: skip
+                path = CLIENT
+        if not _log(client, experiment_id, built):
+            return left[:before] + list(plans[start:])
     return left
 
 
@@ -124,17 +117,6 @@ def _build(
         else:
             built.append(trace)
     return built
-
-
-def _inserted(future: "Future[None]", tracking_uri: str) -> bool:
-    """Whether a chunk's insert into SQLite succeeded (a failure logged)."""
-    try:
-        future.result()
-    except Exception as err:  # a newer MLflow's schema, a locked database: its API
-        log.warning("MLflow traces: inserting into %s failed (%s: %s); writing through "
-                    "MLflow's store API", tracking_uri, type(err).__name__, err)  # fmt: skip
-        return False
-    return True
 
 
 def _log(client: TracingClient, experiment_id: str, built: Sequence[BuiltTrace]) -> bool:
