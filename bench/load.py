@@ -27,10 +27,11 @@ one turn per invocation) until the time is up. Calls are counted where they are 
 
 Each load phase also reports CPU per call: the event loop thread's own (time.thread_time in it:
 the app plus what kvscope does on its hot path), the whole process's (kvscope's threads
-included) and the stand-in engine's, and the garbage collector's pauses per call (a process that
-imported more has more objects to scan: `kvscope.profile` brings finalize's, report's and MLflow's
-modules). `--calls N` runs both load phases closed-loop to N calls instead of for a time;
-`--workflows` takes several counts (e.g. 100 500), each its pair of load phases.
+included) and the stand-in engine's, and the garbage collector's pauses per call, full
+collections apart (a process that holds more objects pauses longer in each: `kvscope.profile`
+brings MLflow's modules). `--calls N` runs both load phases closed-loop to N calls instead of for
+a time (`--bare-calls M`: the bare phase to M); `--workflows` takes several counts (e.g. 100
+500), each its pair of load phases.
 
 An attached engine's model folder is unknown to kvscope, so no tokenizer would be used: with
 `--tokenize` (default) the session is handed the embedded model's, as a launched vLLM's would
@@ -275,6 +276,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--bare-seconds", type=float, default=60)
     parser.add_argument("--calls", type=int, help="closed loop: each load phase sends this many")
+    parser.add_argument("--bare-calls", type=int, help="the bare phase's calls (default: --calls)")
     parser.add_argument("--latency-calls", type=int, default=400)
     parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--port", type=int, default=8123)
@@ -291,10 +293,11 @@ def main() -> None:
             console.print(f"latency: {args.latency_calls} calls per case, one workflow at a time")
             print_latency(latency_phase(url + "/v1", "smollm2", args.latency_calls, chat))
         for workflows in args.workflows:
-            span = f"{args.calls} calls" if args.calls else f"{args.bare_seconds:.0f} s"
+            bare_calls = args.bare_calls or args.calls
+            span = f"{bare_calls} calls" if bare_calls else f"{args.bare_seconds:.0f} s"
             console.print(f"bare load: {workflows} workflows, {span}")
             work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
-                         args.calls, engine.pid)  # fmt: skip
+                         bare_calls, engine.pid)  # fmt: skip
             bare = asyncio.run(work)
             profiled(args, workflows, url, chat if args.tokenize else None, bare, engine.pid)
     finally:
