@@ -104,9 +104,12 @@ def publish(
     traces: bool = True,
     on_stage: Callable[[str], None] = lambda _: None,
     offline: str | None = None,
+    trace_job: TraceJob | None = None,
 ) -> RunOutcome:
     """Write the run's files, then log its metrics and files to its MLflow run and end that.
-    The run's traces are written meanwhile by a child process (kvscope/trace_job.py).
+    The run's traces are written meanwhile by a child process (kvscope/trace_job.py): started
+    here, or `trace_job`, one the caller started on the finalized run directory before its
+    analysis (the traces then run beside the analysis too); not used, it is stopped.
 
     Local-first: with no MLflow run (`offline` says why), or an MLflow that fails now, the
     files are all written and run.json's `mlflow` says the run is not logged; `kvscope log RUN`
@@ -117,8 +120,10 @@ def publish(
     problem = (offline or "no MLflow run") if uri is None else unreachable(uri)
     job = None
     if traces and tracking is not None and problem is None and tracking.run_id:
-        job = TraceJob.start(analysis.run_dir, tracking.tracking_uri, tracking.experiment_id,
-                             tracking.run_id)  # fmt: skip
+        job = trace_job or TraceJob.start(analysis.run_dir, tracking.tracking_uri,
+                                          tracking.experiment_id, tracking.run_id)  # fmt: skip
+    elif trace_job is not None:
+        trace_job.cancel()
     try:
         write_files(analysis, on_stage)
     except BaseException:

@@ -19,11 +19,14 @@ run's audit counts what is missing as dropped, and says why in the log.
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kvscope.probe.child import CAPTURE_ENV
 
 if TYPE_CHECKING:
     from kvscope.traces import TraceWrite
@@ -53,8 +56,11 @@ class TraceJob:
             (run_dir / name).unlink(missing_ok=True)
         argv = [sys.executable, "-m", "kvscope.trace_job", str(run_dir), tracking_uri,
                 experiment_id, run_id]  # fmt: skip
+        # never a profiled program's process: no probe attached at its start (probe/child.py)
+        env = {k: v for k, v in os.environ.items() if k != CAPTURE_ENV}
         try:
-            process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       env=env)  # fmt: skip
         except OSError as err:
             log.warning("MLflow traces: no child process (%s); writing them here", err)
             return None

@@ -2,6 +2,7 @@
 MLflow SQLite store; a child that fails before writing leaves the traces to publish's process,
 one that fails while writing is not rerun and its traces are counted as planned."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import kvscope.publish
 import kvscope.trace_job
 from kvscope.analysis.run import RunAnalysis, analyze_run
 from kvscope.finalize import finalize
+from kvscope.probe.child import CAPTURE_ENV
 from kvscope.publish import WorkloadOutcome, publish
 from kvscope.trace_job import PLANNED, RESULT, TraceJob
 from kvscope.traces import TraceWrite
@@ -67,3 +69,34 @@ def test_a_child_that_fails_while_writing_is_not_rerun(
     assert TraceJob(process, tmp_path).wait() == TraceWrite(written=7, app_linked=0)
     assert "failed while writing (exit 1: locked)" in caplog.text
     assert not (tmp_path / PLANNED).exists()
+
+
+def test_the_child_is_never_a_profiled_programs_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, dict[str, str]] = {}
+
+    class Started:
+        def __init__(self, argv: list[str], **kwargs: dict[str, str]) -> None:
+            seen["env"] = kwargs["env"]
+
+    monkeypatch.setenv(CAPTURE_ENV, str(tmp_path / "capture.json"))
+    monkeypatch.setattr(kvscope.trace_job.subprocess, "Popen", Started)
+    assert TraceJob.start(tmp_path, "sqlite:///x.db", "1", "r") is not None
+    assert CAPTURE_ENV not in seen["env"] and seen["env"]["PATH"] == os.environ["PATH"]
+
+
+def test_a_job_started_before_the_analysis_is_the_one_publish_waits_for(
+    store: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_dir = store / "early"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded-runs" / RUN, run_dir)
+    finalize(run_dir)
+    run = open_run(store, "early")
+    job = TraceJob.start(run_dir, run.tracking_uri, run.experiment_id, run.run_id or "")
+    assert job is not None
+    monkeypatch.setattr(TraceJob, "start", None)  # no second one
+    outcome = publish(analyze_run(run_dir), run, WorkloadOutcome(), trace_job=job)
+    assert outcome.audit is not None and outcome.audit.written == outcome.audit.expected == 2
+    assert job.process.returncode == 0
