@@ -17,6 +17,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
+from kvscope.sim.simulate import CACHING
 
 
 def fitted_cost(source: Source) -> dict[str, Any] | None:
@@ -30,11 +31,25 @@ def fitted_cost(source: Source) -> dict[str, Any] | None:
 
 
 def plan_of(
-    source: Source, policy: str | None, capacity_tokens: str | None, tier: dict[str, Any] | None
+    source: Source,
+    policy: str | None,
+    capacity_tokens: str | None,
+    tier: dict[str, Any] | None,
+    cache_outputs: bool | None = None,
 ) -> Plan:
     """Which policies at which capacities (comma-separated; None: the defaults). `tier`:
-    make_plan's host_tokens / prefetch / load_ms_per_block."""
-    return make_plan(source, split_list(policy), split_list(capacity_tokens), **(tier or {}))
+    make_plan's host_tokens / prefetch / load_ms_per_block. `cache_outputs`: whether the cache
+    holds requests' output blocks (None: the engine's own, yes, for a run directory; prompt-only
+    for an external trace, as the simulators it is compared with)."""
+    if cache_outputs is None:
+        cache_outputs = source.kind == "run"
+    return make_plan(
+        source,
+        split_list(policy),
+        split_list(capacity_tokens),
+        **(tier or {}),
+        cache_outputs=cache_outputs,
+    )
 
 
 def replay_document(
@@ -58,6 +73,7 @@ def replay_document(
         "run_capacity_tokens": source.trace.capacity_tokens,
         "host_tokens": plan.host_blocks * source.trace.block_size or None,
         "prefetch": plan.prefetch,
+        "caching": CACHING[0] if plan.cache_outputs else CACHING[1],
         "fit": fit,
         "notes": notes,
         "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),

@@ -9,9 +9,12 @@ fitted prefill cost per token; null when none could be fitted); on a run directo
 fidelity of the replay under the engine's own policy at the run's capacity. On a run directory
 the results are written as RUN/replay.json and RUN/replay.png (the report shows them) and logged
 to the run's MLflow run when it has one. `--to-mooncake` / `--to-tokens` also write the replayed
-requests in the two trace formats (replaying those gives the same results). `--host-tokens`
-adds a host tier below every capacity (`--host-load-ms` per block loaded, `--prefetch` KVFlow's
-prefetch): the output then splits device hits, host hits and misses per agent.
+requests in the two trace formats (replaying those with --cache-outputs gives the same
+results). `--cache-outputs / --prompt-only`: whether requests' output blocks take cache space
+(default: the engine's own for a run directory, prompt-only for a trace); each result says which
+(`caching`). `--host-tokens` adds a host tier below every capacity (`--host-load-ms` per block
+loaded, `--prefetch` KVFlow's prefetch): the output then splits device hits, host hits and
+misses per agent.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 
 def replay_with_progress(
     source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None,
-    tier: dict[str, Any] | None = None,
+    tier: dict[str, Any] | None = None, cache_outputs: bool | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """replaying.replay_document over every policy x capacity, with a progress bar when long."""
     from kvscope.replaying import plan_of, replay_document
 
-    plan = plan_of(source, policy, capacity_tokens, tier)
+    plan = plan_of(source, policy, capacity_tokens, tier, cache_outputs)
     steps = len(plan.policies) * len(plan.capacities)
     show = console.is_terminal and len(source.trace) * steps > PROGRESS_AFTER
     columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -109,6 +112,16 @@ def replay(
             "--prefetch", help="KVFlow prefetch: the next agent's host blocks load before its call."
         ),
     ] = False,
+    cache_outputs: Annotated[
+        bool | None,
+        typer.Option(
+            "--cache-outputs/--prompt-only",
+            help="Whether a request's output blocks take cache space (the engine's block pool or "
+            "radix tree) or the cache holds prompts' full blocks only. Default: the engine's own "
+            "(--cache-outputs) for a run directory, --prompt-only for a trace.",
+            show_default=False,
+        ),
+    ] = None,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
     live: Annotated[
         bool,
@@ -147,6 +160,9 @@ def replay(
     if live:
         from kvscope.cli.replay_live import replay_live
 
+        if cache_outputs is not None:
+            raise KvscopeError("--cache-outputs / --prompt-only: not with --live (engines cache)")
+
         replay_live(
             source, block_size, engine=engine, attach=attach, pacing=pacing,
             cold_prompts=cold_prompts, capacity_tokens=capacity_tokens,
@@ -173,7 +189,7 @@ def replay(
     if to_tokens is not None and loaded.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
-    doc = replay_with_progress(loaded, source, policy, capacity_tokens, tier)
+    doc = replay_with_progress(loaded, source, policy, capacity_tokens, tier, cache_outputs)
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:

@@ -20,6 +20,9 @@ whose calls carried engine priorities is said so: `priority` (SGLang) replays th
 Host tier (optional, vLLM semantics): `host_tokens` // block_size blocks below every replayed
 capacity, KVFlow prefetch accounting with `prefetch`, `load_ms_per_block` the cost of a host hit.
 The fidelity replay never has one (the engine it is checked against had none).
+Caching: the engine's own (output blocks cached, `cache_outputs`, make_plan's default) or
+prompt-only (simulate.CACHING), said in a note and in every result; the fidelity replay is
+always the engine's own.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Plan:
     host_blocks: int = 0  # a host tier of this many blocks (0: none)
     prefetch: bool = False
     load_ms_per_block: float | None = None
+    cache_outputs: bool = True  # False: the cache holds prompts' full blocks only
 
 
 def split_list(text: str | None) -> list[str]:
@@ -118,6 +122,7 @@ def make_plan(
     host_tokens: int | None = None,
     prefetch: bool = False,
     load_ms_per_block: float | None = None,
+    cache_outputs: bool = True,
 ) -> Plan:
     chosen, notes = choose_policies(policies, source)
     caps = choose_capacities(capacities, source)
@@ -149,7 +154,25 @@ def make_plan(
     if load_ms_per_block is not None and load_ms_per_block < 0:
         raise KvscopeError("--host-load-ms must be >= 0")
     notes += hint_notes(source, chosen, engine, host_blocks)
-    return Plan(chosen, caps, engine, notes, host_blocks, prefetch, load_ms_per_block)
+    notes.append(caching_note(cache_outputs, engine))
+    return Plan(
+        chosen, caps, engine, notes, host_blocks, prefetch, load_ms_per_block, cache_outputs
+    )
+
+
+def caching_note(cache_outputs: bool, engine: str | None) -> str:
+    """What the cache held, in words."""
+    if cache_outputs:
+        kept = "inserted into the radix tree" if engine == "sglang" else "hashed and kept"
+        return (
+            f"caching: cache-outputs (the engine's own): a request's output blocks take cache "
+            f"space, {kept}, matched by no prompt; --prompt-only for prompts' blocks only"
+        )
+    return (
+        "caching: prompt-only: the cache holds prompts' full blocks only; a request's partial "
+        "last block and its output take no space (as kvlint and prefixlens simulate); "
+        "--cache-outputs for the engine's own"
+    )
 
 
 def hint_notes(source: Source, chosen: list[str], engine: str | None, host: int) -> list[str]:
@@ -189,6 +212,7 @@ def run_plan(
     trace = source.trace
     kwargs = {"engine": plan.engine} if plan.engine else {}
     tier = {"host_blocks": plan.host_blocks, "prefetch": plan.prefetch} if plan.host_blocks else {}
+    caching = {"cache_outputs": plan.cache_outputs}
     summaries, found = [], None
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
@@ -196,11 +220,13 @@ def run_plan(
         engine = plan.engine or ("sglang" if policy in HINT_POLICIES else None)
         semantics = {"engine": engine} if engine else {}
         for cap in plan.capacities:
-            result = simulate(trace, policy, cap // trace.block_size, **semantics, **tier)
+            blocks = cap // trace.block_size
+            result = simulate(trace, policy, blocks, **semantics, **tier, **caching)
             summary = summarize(trace, result, ms_per_token, plan.load_ms_per_block)
             summaries.append(replace(summary, requested_capacity_tokens=cap))
             if (
                 not tier
+                and plan.cache_outputs
                 and policy == own
                 and run_cap is not None
                 and cap // trace.block_size == (run_cap // trace.block_size)

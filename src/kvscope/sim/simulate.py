@@ -18,6 +18,12 @@ leaves evictable; radix.py). Policies, with the module that defines each:
 - steps-to-execution (workflow.py): KVFlow's steps-to-execution over the agent step graph.
 - predicted-next-agent (workflow.py): PBKV-style next agent, learned online; LRU otherwise.
 - none: no prefix cache, the counterfactual (nothing is ever hit).
+
+What the cache holds (CACHING): "cache-outputs", the engine's own (vLLM hashes the output blocks a
+request filled and keeps them in its free queue, where they take LRU space though no lookup of a
+trace's prompts matches them; SGLang inserts them into its tree), or "prompt-only"
+(`cache_outputs=False`: prompts' full blocks only, trace.prompt_only; what kvlint's and
+prefixlens' simulators model).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from kvscope.sim.orders.base import EvictionOrder, LRUOrder
 from kvscope.sim.orders.belady import BeladyOrder
 from kvscope.sim.orders.scored import FIFOOrder, LFUOrder, PriorityOrder, SLRUOrder
 from kvscope.sim.orders.workflow import PredictedNextAgentOrder, StepsToExecutionOrder
-from kvscope.sim.trace import Trace
+from kvscope.sim.trace import Trace, prompt_only
 
 ORDERS: dict[str, Callable[[], EvictionOrder]] = {
     "lru": LRUOrder,
@@ -48,6 +54,7 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {
 }
 POLICIES = (*ORDERS, *HINT_POLICIES, "none")
 ENGINES = ("vllm", "sglang")
+CACHING = ("cache-outputs", "prompt-only")
 
 
 def make_order(policy: str, priorities: Sequence[float] | None = None) -> EvictionOrder:
@@ -66,6 +73,7 @@ def simulate(
     host_blocks: int = 0,
     priorities: Sequence[float] | None = None,
     prefetch: bool = False,
+    cache_outputs: bool = True,
 ) -> SimResult:
     """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
 
@@ -73,7 +81,30 @@ def simulate(
     tiers.py), with KVFlow-style prefetch accounting if `prefetch`. `priorities[i]`: request
     i's priority, used by "priority" (and the hint policies) only; on "sglang" the trace's
     own by default. A hint policy the trace or engine cannot replay is a KvscopeError.
+    `cache_outputs=False`: the cache holds prompts' full blocks only (module doc).
     """
+    result = _simulate(
+        trace if cache_outputs else prompt_only(trace),
+        policy,
+        capacity_blocks,
+        engine=engine,
+        host_blocks=host_blocks,
+        priorities=priorities,
+        prefetch=prefetch,
+    )
+    return replace(result, caching=CACHING[0] if cache_outputs else CACHING[1])
+
+
+def _simulate(
+    trace: Trace,
+    policy: str,
+    capacity_blocks: int,
+    *,
+    engine: str,
+    host_blocks: int,
+    priorities: Sequence[float] | None,
+    prefetch: bool,
+) -> SimResult:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if engine not in ENGINES:

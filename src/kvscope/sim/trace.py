@@ -23,7 +23,7 @@ replayed by the sglang `priority` policy (sim/simulate.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,3 +85,19 @@ class Trace:
         """ "previous agent -> agent" (records.requests.transition_label); None without an agent."""
         agent = self.agents[i]
         return None if agent is None else transition_label(self.previous_agents[i], agent)
+
+
+def prompt_only(trace: Trace) -> Trace:
+    """`trace` as a cache that holds prompts only sees it (`simulate(cache_outputs=False)`): each
+    request takes its prompt's full blocks and nothing else, its partial last block and its
+    output no cache space; a lookup still hits at most (prompt - 1) // block_size blocks.
+
+    As lengths: output 0, and a prompt with a partial last block cut to its full blocks plus one
+    token, so that ceil((prompt + output - 1) / block_size) (the blocks a request takes, in both
+    caches) is prompt // block_size and (prompt - 1) // block_size (the hit limit) is unchanged.
+    Summaries are made over the original trace (its prompt tokens)."""
+    bs = trace.block_size
+    prompt = np.asarray(trace.prompt_tokens, dtype=np.int64)
+    part = prompt % bs
+    cut = np.where(part > 0, prompt - part + 1, prompt)
+    return replace(trace, prompt_tokens=cut, output_tokens=np.zeros_like(cut))

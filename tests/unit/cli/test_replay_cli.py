@@ -85,9 +85,10 @@ def test_a_mooncake_trace_replays_without_fidelity(tmp_path: Path) -> None:
     assert measured is not None
     expected = f"{measured.sum() / source.trace.prompt_tokens.sum():.1%}"
     args = ["replay", str(trace), "--block-size", "128", "--capacity-tokens", "3456"]
-    result = runner.invoke(app, [*args, "--policy", "lru"])
+    result = runner.invoke(app, [*args, "--policy", "lru", "--cache-outputs"])
     assert result.exit_code == 0, result.output
     assert expected in result.output and "fidelity" not in result.output
+    assert "caching: cache-outputs (the engine's own)" in result.output
     assert "no prefill cost could be fitted" in result.output
 
 
@@ -132,6 +133,7 @@ def test_the_run_exported_as_both_trace_formats_replays_to_the_same_json(
     for trace in (moon, toks):
         out = tmp_path / f"{trace.stem}.out.json"
         args = ["replay", str(trace), "--block-size", "128", *sweep, "--json", str(out)]
+        args.append("--cache-outputs")  # the run's default; a trace's is --prompt-only
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         got = json.loads(out.read_text())
@@ -227,3 +229,37 @@ def test_an_error_line_is_printed_intact_line_number_and_brackets(tmp_path: Path
     result = runner.invoke(app, ["replay", str(trace), "--block-size", "1"])
     assert result.exit_code == 2
     assert "holds a non-integer id ('[bold]x' at position 0)" in result.output.replace("\n", "")
+
+
+def test_each_result_says_what_the_cache_held_prompt_only_by_default_on_a_trace(
+    run: Path, tmp_path: Path
+) -> None:
+    trace = write_jsonl(mooncake_rows(load_source(PATHOLOGY)), tmp_path / "m.jsonl")
+    sweep = ["--policy", "lru", "--capacity-tokens", "2048,3456", "--no-write"]
+    docs = {}
+    for name, src, extra in (
+        ("trace", trace, ["--block-size", "128"]),
+        ("trace-outputs", trace, ["--block-size", "128", "--cache-outputs"]),
+        ("run", run, []),
+        ("run-prompts", run, ["--prompt-only"]),
+    ):
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(app, ["replay", str(src), *sweep, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        want = "prompt-only" if name in ("trace", "run-prompts") else "cache-outputs"
+        assert f"caching: {want}" in result.output.replace("\n", " "), name
+        docs[name] = json.loads(out.read_text())
+        assert [r["caching"] for r in docs[name]] == [want, want], name
+    cached = {name: [r["cached_tokens"] for r in rows] for name, rows in docs.items()}
+    assert cached["trace"] == cached["run-prompts"] != cached["run"] == cached["trace-outputs"]
+    result = runner.invoke(app, ["replay", str(run), "--live", "--prompt-only"])
+    assert result.exit_code == 2 and "not with --live" in result.output
+
+
+def test_a_prompt_only_replay_of_a_run_keeps_the_engines_fidelity(run: Path) -> None:
+    docs = []
+    for extra in ([], ["--prompt-only"]):
+        assert runner.invoke(app, ["replay", str(run), "--policy", "lru", *extra]).exit_code == 0
+        docs.append(json.loads((run / "replay.json").read_text()))
+    assert [d["caching"] for d in docs] == ["cache-outputs", "prompt-only"]
+    assert docs[0]["fidelity"] == docs[1]["fidelity"] is not None

@@ -142,10 +142,10 @@ def test_capacities_default_to_the_runs_and_parse_a_sweep() -> None:
     with pytest.raises(KvscopeError, match="less than one block"):
         plan.choose_capacities(["100"], source)
     made = plan.make_plan(source, ["lru"], ["3500"])
-    assert made.notes == [
+    assert made.notes[0] == (
         "capacity 3,500 tokens replayed as 27 whole blocks of 128 = 3,456 tokens "
         "(a cache holds whole blocks)"
-    ]
+    )
     (result,) = plan.run_plan(source, made).summaries
     assert (result.capacity_tokens, result.requested_capacity_tokens) == (3456, 3500)
     assert result.to_dict()["requested_capacity_tokens"] == 3500

@@ -35,6 +35,9 @@ class SimResult:
     seconds: float  # wall time of the simulation
     prefetched_blocks: np.ndarray | None = None  # int64, per request; None: no host tier
     engine: str = "vllm"  # the cache semantics replayed: "vllm" (block pool) or "sglang" (radix)
+    # what the cache held: "cache-outputs" (the engine's: a request's output blocks take space
+    # and are kept) or "prompt-only" (prompts' full blocks only: simulate's cache_outputs=False)
+    caching: str = "cache-outputs"
 
     @property
     def cached_tokens(self) -> np.ndarray:

@@ -5,12 +5,13 @@ harmful evictions by agent pair, and the TTFT the policy would save.
 (`--json`, replay.json): {policy, capacity_tokens (the whole blocks replayed), requests,
 prompt_tokens, cached_tokens, hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}},
 seconds, ...} plus capacity_blocks, requested_capacity_tokens (as asked, before rounding to
-whole blocks), recompute_tokens, preempted, evictions, per_transition (same shape as per_agent),
-harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed because the
-evictor agent's allocation evicted what the victim agent had stored) and ttft_saved_ms; with a
-host tier also `tiers` (tiered.py: device / host / prefetched / missed tokens per agent, the
-load time). Recompute tokens are those neither hit nor loaded; host hits
-count in TTFT saved as prefill saved less their load time (null when no load cost was given).
+whole blocks), caching ("cache-outputs" or "prompt-only": what the cache held, simulate's
+CACHING), recompute_tokens, preempted, evictions, per_transition (same shape as per_agent), harm
+([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed because the evictor
+agent's allocation evicted what the victim agent had stored) and ttft_saved_ms; with a host tier
+also `tiers` (tiered.py: device / host / prefetched / missed tokens per agent, the load time).
+Recompute tokens are those neither hit nor loaded; host hits count in TTFT saved as prefill
+saved less their load time (null when no load cost was given).
 
 Hit ratio (the device's) is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` =
 ms_per_token * sum(simulated - measured cached tokens) over the requests whose cached tokens the
@@ -56,6 +57,7 @@ class Summary:
     # the capacity asked for, in tokens (capacity_tokens: the whole blocks it holds); None: not
     # known (a summary made outside a replay plan)
     requested_capacity_tokens: int | None = None
+    caching: str = "cache-outputs"  # what the cache held: SimResult.caching
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class Summary:
             "capacity_tokens": self.capacity_tokens,
             "capacity_blocks": self.capacity_blocks,
             "requested_capacity_tokens": self.requested_capacity_tokens,
+            "caching": self.caching,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -138,6 +141,7 @@ def summarize(
         ttft_saved_ms=saved,
         seconds=float(result.seconds),
         tiers=tiers,
+        caching=result.caching,
     )
 
 
