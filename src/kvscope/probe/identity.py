@@ -5,10 +5,14 @@ LangGraph node's config (langchain-core's context variable, set while a node and
 run, in its thread or task) and the active RunTracker (probe/run_tracker.py). The rules:
 
 - agent_id: `kvscope.agent(...)` if a block names one; else the top-level node's metadata
-  `{"kvscope": {"agent": ...}}`; else the top-level node: inside a subgraph or a prebuilt agent
-  (`create_react_agent`, supervisor / swarm patterns) the outer node the app named, not its inner
-  `agent` / `tools` node. Outside any graph and any `agent()` block: None (the call is still a row).
-- graph_node: the full node path from the root graph, `outer/inner` (`research/agent`).
+  `{"kvscope": {"agent": ...}}`; else, in LangGraph's Functional API, the `@task` the call runs
+  in right under the `@entrypoint` (its name; the entrypoint is the workflow, and a call of the
+  entrypoint's own code is the entrypoint's); else the top-level node: inside a subgraph or a
+  prebuilt agent (`create_react_agent`, supervisor / swarm patterns) the outer node the app
+  named, not its inner `agent` / `tools` node. Outside any graph and any `agent()` block: None
+  (the call is still a row).
+- graph_node: the full node path from the root graph, `outer/inner` (`research/agent`;
+  `workflow/researcher` for an entrypoint's task).
 - thread_id: the invocation's `configurable.thread_id` (None if the app gave none).
 - workflow_run_id: the root run of the invocation (`graph.invoke(...)`, or the runnable the app
   invoked around it): one id per invocation, the same for every call in it, subgraphs included.
@@ -16,14 +20,21 @@ run, in its thread or task) and the active RunTracker (probe/run_tracker.py). Th
 - turn_id: how many distinct top-level supersteps of this invocation the agent has made calls in,
   this one included, from 1: the k-th visit of the agent in the invocation, i.e. the loop
   iteration (the PEER cycle for PEER's agents). Calls of one visit (a react agent's inner loop, or
-  Send branches of one node) share a turn. Conversation turns are invocations: `thread_turn`
-  numbers a thread's invocations, set at finalize over the whole run (finalize/thread_turns.py).
+  Send branches of one node) share a turn. An entrypoint's task is one visit: its turn is 1 + the
+  latest turn of the agent's tasks that ended before it was launched, so tasks launched together
+  (futures gathered) share a turn, and a task called again after them is the next. Conversation
+  turns are invocations: `thread_turn` numbers a thread's invocations, set at finalize over the
+  whole run (finalize/thread_turns.py).
 - previous_agent_id: the agent of the latest call that happened before this one in the same
   invocation: at the first graph level where the two calls' tasks differ, one made at an earlier
-  superstep of that level; or one earlier in the same task. Parallel branches (a `Send` fan-out,
-  in the root graph or inside a subgraph) do not see each other, so each branch's previous agent
-  is the dispatcher; a react agent's second call follows its own first (a return to itself).
-  None for an invocation's first call, and outside a graph.
+  superstep of that level, or, for two `@task`s, in a task that ended before this one was launched;
+  or one earlier in the same task. Parallel branches (a `Send` fan-out, in the root graph or
+  inside a subgraph; `@task`s launched together) do not see each other, so each branch's
+  previous agent is the dispatcher; a react agent's second call follows its own first (a return
+  to itself). None for an invocation's first call, and outside a graph. `@task`s are ordered by
+  when their caller launched them (probe/task_launches.py), not when they started: one waiting
+  for a free worker is still parallel to its siblings; one launched after a sibling had ended
+  follows it, whether or not the caller waited for it.
 - tool_ms: time spent in LangChain tools of the same top-level task since its previous LLM call.
 - annotations: `kvscope.annotate(...)` values over the node's `kvscope` metadata, by row column.
 """
@@ -81,7 +92,12 @@ def identify() -> CallIdentity:
     node_meta = metadata.get(labels.METADATA_KEY)
     node_meta = node_meta if isinstance(node_meta, Mapping) else {}
     path = run_tracker.node_path(metadata)
-    agent_id = labels.current_agent() or node_meta.get("agent") or (path[0] if path else None)
+    tracker = run_tracker.active()
+    run = _current_run(config)
+    task = tracker.task_agent(run, metadata) if tracker is not None and path else None
+    agent_id = (
+        labels.current_agent() or node_meta.get("agent") or task or (path[0] if path else None)
+    )
     known = (*labels.ANNOTATION_COLUMNS, *labels.PROMPT_HINTS)
     annotations = {k: v for k, v in node_meta.items() if k in known}
     annotations |= labels.current_annotations()
@@ -99,10 +115,9 @@ def identify() -> CallIdentity:
         annotations=MappingProxyType(columns),
         hints=MappingProxyType(hints),
     )
-    tracker = run_tracker.active()
     if tracker is None or not path:
         return ident
-    place = tracker.place(_current_run(config), metadata, agent_id)
+    place = tracker.place(run, metadata, agent_id)
     if place is None:
         return ident
     return CallIdentity(

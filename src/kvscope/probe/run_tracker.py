@@ -4,8 +4,11 @@
 it is active (`register_configure_hook`, the way LangSmith and MLflow attach). It keeps, for the
 runs in flight, each run's parent and root, and per invocation (a root run: `graph.invoke(...)`,
 or whatever runnable the app invoked around it) the LLM calls made so far, the supersteps of its
-tasks at every graph level and the tool time not yet charged to a call. Runs are forgotten when
-they end, invocations when their root ends; nothing is kept per thread.
+tasks at every graph level, the Functional API's tasks (`@task`: when each was launched and
+ended, on the invocation's own event clock: probe/call_order.py, probe/task_launches.py) and the
+tool time not yet charged to a call. Runs are forgotten when they end, invocations when their
+root ends (one that raised is handed to `on_error` first: records/invocations.py); nothing is
+kept per thread.
 
 Activation is process-wide (`activate()` / `deactivate()`), not a context variable: an app may
 invoke its graphs from threads it started before profiling began, which a context variable would
@@ -15,16 +18,23 @@ not reach. The rules a call is named by are in probe/identity.py.
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
+from kvscope.probe import task_launches
+from kvscope.probe.call_order import Invocation, PlacedCall
+from kvscope.records.invocations import InvocationError, error_text
 from kvscope.records.tools import ToolCall, tool_text
 
 NS_SEP, NS_END = "|", ":"  # LangGraph's checkpoint namespace: `outer:<task>|inner:<task>`
+NS_KEY = "langgraph_checkpoint_ns"
+PUSH, START = "__pregel_push", "__start__"  # langgraph.constants (langgraph/_internal)
+# Exceptions LangGraph raises to pause or redirect a run, not failures (langgraph.errors)
+_BUBBLE_UP = ("GraphBubbleUp", "GraphInterrupt", "NodeInterrupt", "ParentCommand")
 
 
 @dataclass(frozen=True)
@@ -48,26 +58,6 @@ class _Run:
     tool_input: str | None = None
 
 
-# Where a call sits, level by level from the root graph: (that level's superstep, its task as
-# the checkpoint namespace down to that level). One level for a top-level node's call.
-Place = tuple[tuple[int | None, str], ...]
-
-
-@dataclass
-class _Call:
-    place: Place
-    agent: str | None
-
-
-@dataclass
-class _Invocation:
-    calls: list[_Call] = field(default_factory=list)
-    # task (its namespace from the root: `outer:<id>`, `outer:<id>|inner:<id>`) -> its superstep
-    task_steps: dict[str, int] = field(default_factory=dict)
-    agent_steps: dict[str, set[int]] = field(default_factory=dict)
-    tool_ms: dict[str | None, float] = field(default_factory=dict)  # task -> uncharged tool time
-
-
 def outer_task(metadata: Mapping[str, Any]) -> str | None:
     """The top-level task (`node:<task id>`) a run belongs to, from its checkpoint namespace."""
     ns = metadata.get("langgraph_checkpoint_ns")
@@ -82,6 +72,13 @@ def task_path(metadata: Mapping[str, Any]) -> list[str]:
         return []
     parts = ns.split(NS_SEP)
     return [NS_SEP.join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def is_call_task(metadata: Mapping[str, Any]) -> bool:
+    """Whether the running task is a functional-API `@task` call (its path: (PUSH, the caller's
+    path, the call's index, True)), not a node or a `Send`."""
+    path = metadata.get("langgraph_path")
+    return isinstance(path, tuple) and len(path) == 4 and path[0] == PUSH and path[3] is True
 
 
 def node_path(metadata: Mapping[str, Any]) -> list[str]:
@@ -99,11 +96,15 @@ class RunTracker(BaseCallbackHandler):
     run_inline = True  # called in the caller's thread/task: a run is known before its code runs
     raise_error = False
 
-    def __init__(self, on_tool: Callable[[ToolCall], None] | None = None) -> None:
-        self.on_tool = on_tool
+    def __init__(
+        self,
+        on_tool: Callable[[ToolCall], None] | None = None,
+        on_error: Callable[[InvocationError], None] | None = None,
+    ) -> None:
+        self.on_tool, self.on_error = on_tool, on_error
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
-        self._invocations: dict[UUID, _Invocation] = {}
+        self._invocations: dict[UUID, Invocation] = {}
 
     # --- callbacks -------------------------------------------------------------------------
     def on_chain_start(self, serialized: Any, inputs: Any, **kw: Any) -> None:
@@ -125,7 +126,7 @@ class RunTracker(BaseCallbackHandler):
         self._end(kw["run_id"])
 
     def on_chain_error(self, error: BaseException, **kw: Any) -> None:
-        self._end(kw["run_id"])
+        self._end(kw["run_id"], error=error)
 
     def on_llm_end(self, response: Any, **kw: Any) -> None:
         self._end(kw["run_id"])
@@ -140,6 +141,42 @@ class RunTracker(BaseCallbackHandler):
         self._end(kw["run_id"], tool_error=type(error).__name__)
 
     # --- queries ---------------------------------------------------------------------------
+    def task_agent(self, run_id: UUID | None, metadata: Mapping[str, Any]) -> str | None:
+        """The agent LangGraph's Functional API names for a call made inside run `run_id` (with
+        the task's `metadata`): the `@task` it runs in right under an `@entrypoint` (`researcher`
+        of `workflow/researcher`, also from a graph the task invokes); None elsewhere (a graph's
+        node, the entrypoint's own code, a run the tracker did not see)."""
+        tasks = task_path(metadata)
+        if len(tasks) < 2:
+            return None
+        with self._lock:
+            run = self._runs.get(run_id) if run_id is not None else None
+            inv = self._invocations.get(run.root) if run is not None else None
+            if inv is None or inv.entry_task(tasks) is None:
+                return None
+        return node_path(metadata)[1]
+
+    def launched(self, config: Mapping[str, Any]) -> tuple[UUID, str, int] | None:
+        """A `@task` is being launched by the code running with `config` (its caller's): note
+        when (probe/task_launches.py); what `unlaunched` takes back, None if not tracked."""
+        caller = (config.get("configurable") or {}).get("checkpoint_ns")
+        run_id = getattr(config.get("callbacks"), "parent_run_id", None)
+        with self._lock:
+            run = self._runs.get(run_id) if run_id is not None else None
+            inv = self._invocations.get(run.root) if run is not None else None
+            if inv is None or not isinstance(caller, str) or not caller:
+                return None
+            tick = inv.tick()
+            inv.launches.setdefault(caller, []).append(tick)
+            return run.root, caller, tick
+
+    def unlaunched(self, launch: tuple[UUID, str, int]) -> None:
+        root, caller, tick = launch
+        with self._lock:
+            inv = self._invocations.get(root)
+            if inv is not None and tick in (ticks := inv.launches.get(caller, [])):
+                ticks.remove(tick)
+
     def place(
         self, run_id: UUID | None, metadata: Mapping[str, Any], agent_id: str | None
     ) -> CallPlace | None:
@@ -155,13 +192,15 @@ class RunTracker(BaseCallbackHandler):
             if place and place[-1][0] is None:  # the node's own step, from the call's metadata
                 place = (*place[:-1], (metadata.get("langgraph_step"), tasks[-1]))
             step = place[0][0] if place else None  # the invocation's top-level superstep
-            previous = _previous(inv.calls, place)
+            previous = inv.previous(place)
             turn = None
-            if agent_id is not None and step is not None:
+            if agent_id is not None and (task := inv.entry_task(tasks)) is not None:
+                turn = inv.task_turn(agent_id, task)
+            elif agent_id is not None and step is not None:
                 steps = inv.agent_steps.setdefault(agent_id, set())
                 steps.add(step)
                 turn = len(steps)
-            inv.calls.append(_Call(place, agent_id))
+            inv.calls.append(PlacedCall(place, agent_id))
             tool_ms = inv.tool_ms.pop(outer_task(metadata), None)
             return CallPlace(str(run.root), step, turn, previous, tool_ms)
 
@@ -175,6 +214,8 @@ class RunTracker(BaseCallbackHandler):
         tool_input: str | None = None,
     ) -> None:
         md = metadata or {}
+        if parent is None:  # an invocation starts: its @tasks' launches are to be seen
+            task_launches.install(_SLOT.get)
         with self._lock:
             up = self._runs.get(parent) if parent is not None else None
             root = up.root if up is not None else run_id
@@ -182,30 +223,52 @@ class RunTracker(BaseCallbackHandler):
                 parent, root, md, tool, time.time_ns() if tool else 0, tool_input
             )
             if parent is None:
-                self._invocations[run_id] = _Invocation()
+                self._invocations[run_id] = Invocation()
             inv = self._invocations.get(root)
-            ns = md.get("langgraph_checkpoint_ns")
+            ns = md.get(NS_KEY)
             if inv is not None and isinstance(ns, str) and ns and "langgraph_step" in md:
                 inv.task_steps.setdefault(ns, md["langgraph_step"])  # a node (any level) starts
+                own = up is None or up.metadata.get(NS_KEY) != ns  # not a run inside it
+                if own:
+                    inv.launches.pop(ns, None)  # (a retried caller launches its tasks again)
+                if own and is_call_task(md):
+                    caller, index = ns.rpartition(NS_SEP)[0], md["langgraph_path"][2]
+                    inv.task_started(run_id, ns, caller, index)
+                triggers = md.get("langgraph_triggers")
+                if NS_SEP not in ns and isinstance(triggers, tuple) and triggers == (START,):
+                    inv.entrypoints.add(ns)  # the root graph's one node, run on its input
 
-    def _end(self, run_id: UUID, tool_error: str | None = None, output: str | None = None) -> None:
+    def _end(
+        self,
+        run_id: UUID,
+        tool_error: str | None = None,
+        output: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        failed: InvocationError | None = None
+        end_ns = time.time_ns()
         with self._lock:
             run = self._runs.pop(run_id, None)
             if run is None:
                 return
+            inv = self._invocations.get(run.root)
+            if inv is not None:
+                inv.run_ended(run_id)
             if run.parent is None:
                 self._invocations.pop(run_id, None)
-            if run.tool_name is None:
-                return
-            end_ns = time.time_ns()
-            inv = self._invocations.get(run.root)
-            task = outer_task(run.metadata)
-            if inv is not None:
-                ms = (end_ns - run.start_ns) / 1e6
-                inv.tool_ms[task] = inv.tool_ms.get(task, 0.0) + ms
-        if self.on_tool is not None:
+                if inv is not None and inv.calls and error is not None and _fails(error):
+                    failed = InvocationError(
+                        str(run_id), type(error).__name__, error_text(error), end_ns
+                    )
+                inv = None
+            if run.tool_name is not None and inv is not None:
+                task = outer_task(run.metadata)
+                inv.tool_ms[task] = inv.tool_ms.get(task, 0.0) + (end_ns - run.start_ns) / 1e6
+        if failed is not None and self.on_error is not None:
+            self.on_error(failed)
+        if run.tool_name is not None and self.on_tool is not None:
             path = node_path(run.metadata)
-            workflow = str(run.root) if inv is not None and run.root != run_id else None
+            workflow = str(run.root) if inv is not None else None
             self.on_tool(
                 ToolCall(
                     run.tool_name,
@@ -220,28 +283,10 @@ class RunTracker(BaseCallbackHandler):
             )
 
 
-def _previous(calls: list[_Call], place: Place) -> str | None:
-    """The agent of the latest call that happened before a call at `place` (see `_before`);
-    None when none did."""
-    for call in reversed(calls):
-        if _before(call.place, place):
-            return call.agent
-    return None
-
-
-def _before(earlier: Place, now: Place) -> bool:
-    """Whether a call registered earlier, at `earlier`, happened before one at `now` in the
-    graph's order. At the first level where their tasks differ: an earlier superstep there did;
-    the same superstep is a parallel branch (a `Send` fan-out, at any depth), which did not.
-    Tasks the same down to where one path ends: the same node, or one inside the other: it did.
-    A superstep not known at that level (outside a graph): time order."""
-    for (step_a, task_a), (step_b, task_b) in zip(earlier, now, strict=False):
-        if task_a == task_b:
-            continue
-        if step_a is None or step_b is None:
-            return True
-        return step_a < step_b
-    return True
+def _fails(error: BaseException) -> bool:
+    """Whether an exception ending a root run is a failure: not LangGraph's interrupt or
+    hand-off signal (matched by name, so that langgraph need not be imported here)."""
+    return not any(cls.__name__ in _BUBBLE_UP for cls in type(error).__mro__)
 
 
 class _Slot:
@@ -260,12 +305,16 @@ _SLOT = _Slot()
 register_configure_hook(cast(Any, _SLOT), inheritable=True)
 
 
-def activate(on_tool: Callable[[ToolCall], None] | None = None) -> RunTracker:
+def activate(
+    on_tool: Callable[[ToolCall], None] | None = None,
+    on_error: Callable[[InvocationError], None] | None = None,
+) -> RunTracker:
     """Attach the process's tracker to every LangChain run from now on (re-entrant: each
-    activate() needs its deactivate(); the first one's `on_tool` is kept)."""
+    activate() needs its deactivate(); the first one's `on_tool` and `on_error` are kept)."""
     with _SLOT.lock:
         if _SLOT.tracker is None:
-            _SLOT.tracker = RunTracker(on_tool)
+            _SLOT.tracker = RunTracker(on_tool, on_error)
+            task_launches.install(_SLOT.get)
         _SLOT.users += 1
         return _SLOT.tracker
 
@@ -275,6 +324,7 @@ def deactivate() -> None:
         _SLOT.users = max(_SLOT.users - 1, 0)
         if _SLOT.users == 0:
             _SLOT.tracker = None
+            task_launches.uninstall()
 
 
 def active() -> RunTracker | None:
