@@ -9,6 +9,7 @@ local engine), KVSCOPE_MODEL (the served model name; default: the engine's first
 Optional arguments: the number of workflows and how many run at once (default 4 and 2).
 """
 
+import argparse
 import asyncio
 import os
 import sys
@@ -43,6 +44,13 @@ async def main(workflows: int, concurrency: int) -> int:
     return 1 if failed else 0
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workflows", type=int, nargs="?", default=4, help="default 4")
+    parser.add_argument("concurrency", type=int, nargs="?", default=2, help="at once, default 2")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:3]]
-    sys.exit(asyncio.run(main(*(args + [4, 2][len(args) :]))))
+    args = parse(sys.argv[1:])
+    sys.exit(asyncio.run(main(args.workflows, args.concurrency)))

@@ -16,6 +16,7 @@ through the checkpointer).
 """
 
 import argparse
+import functools
 import operator
 import os
 from typing import Annotated, Literal, TypedDict
@@ -35,11 +36,14 @@ NOTES = {
     "rainbows": "Sunlight refracts and reflects inside raindrops, splitting into colours.",
 }
 
-llm = ChatOpenAI(model=os.environ.get("KVSCOPE_MODEL", "default"), max_tokens=32, temperature=0)
-writer_llm = ChatOpenAI(
-    model=os.environ.get("KVSCOPE_MODEL", "default"), max_tokens=32, temperature=0,
-    streaming=True, stream_usage=True,
-)  # fmt: skip
+
+@functools.cache
+def chat(streaming: bool = False) -> ChatOpenAI:
+    """The app's model client, made on first use (it reads OPENAI_API_KEY / OPENAI_BASE_URL)."""
+    return ChatOpenAI(
+        model=os.environ.get("KVSCOPE_MODEL", "default"), max_tokens=32, temperature=0,
+        streaming=streaming, stream_usage=streaming,
+    )  # fmt: skip
 
 
 class State(MessagesState):
@@ -65,7 +69,7 @@ def gather(state: Research) -> dict:
 
 
 def draft(state: Research) -> dict:
-    reply = llm.invoke(
+    reply = chat().invoke(
         [
             SystemMessage("You are a researcher. Summarise the notes in one sentence."),
             HumanMessage(f"Notes: {state['notes']}\nQuestion: {state['messages'][0].content}"),
@@ -86,7 +90,8 @@ researcher = research.compile()
 # --- the other workers ---------------------------------------------------------------------
 def writer(state: State) -> dict:
     system = SystemMessage("You are a writer. Answer the user's question in two sentences.")
-    text = "".join(str(chunk.content) for chunk in writer_llm.stream([system, *state["messages"]]))
+    stream = chat(streaming=True).stream([system, *state["messages"]])
+    text = "".join(str(chunk.content) for chunk in stream)
     return {"messages": [AIMessage(text, name="writer")]}
 
 
@@ -97,7 +102,7 @@ def review(state: State) -> Command[Literal["critic"]]:
 
 
 def critic(task: dict) -> dict:
-    reply = llm.invoke(
+    reply = chat().invoke(
         [SystemMessage(f"You review answers for {task['angle']}. One short remark."),
          *task["messages"][-2:]]
     )  # fmt: skip
@@ -107,7 +112,7 @@ def critic(task: dict) -> dict:
 def supervisor(state: State) -> Command[Literal["researcher", "writer", "review", "__end__"]]:
     if state.get("rounds", 0) >= len(WORKERS):
         return Command(goto=END, update={"rounds": 0})
-    reply = llm.invoke(
+    reply = chat().invoke(
         [
             SystemMessage(
                 "You are a supervisor managing: researcher, writer, review. "
