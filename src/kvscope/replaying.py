@@ -17,7 +17,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
-from kvscope.sim.simulate import CACHING
+from kvscope.sim.simulate import CACHING, IN_REQUEST
 
 
 def fitted_cost(source: Source) -> dict[str, Any] | None:
@@ -36,11 +36,13 @@ def plan_of(
     capacity_tokens: str | None,
     tier: dict[str, Any] | None,
     cache_outputs: bool | None = None,
+    in_request: str | None = None,
 ) -> Plan:
     """Which policies at which capacities (comma-separated; None: the defaults). `tier`:
     make_plan's host_tokens / prefetch / load_ms_per_block. `cache_outputs`: whether the cache
     holds requests' output blocks (None: the engine's own, yes, for a run directory; prompt-only
-    for an external trace, as the simulators it is compared with)."""
+    for an external trace, as the simulators it is compared with). `in_request`: which of a
+    request's blocks is evicted first (None: the engine's, tail-first)."""
     if cache_outputs is None:
         cache_outputs = source.kind == "run"
     return make_plan(
@@ -49,6 +51,7 @@ def plan_of(
         split_list(capacity_tokens),
         **(tier or {}),
         cache_outputs=cache_outputs,
+        in_request=in_request or IN_REQUEST[0],
     )
 
 
@@ -74,6 +77,7 @@ def replay_document(
         "host_tokens": plan.host_blocks * source.trace.block_size or None,
         "prefetch": plan.prefetch,
         "caching": CACHING[0] if plan.cache_outputs else CACHING[1],
+        "in_request_order": plan.in_request,
         "fit": fit,
         "notes": notes,
         "fidelity": None if outcome.fidelity is None else outcome.fidelity.to_dict(),

@@ -12,9 +12,10 @@ to the run's MLflow run when it has one. `--to-mooncake` / `--to-tokens` also wr
 requests in the two trace formats (replaying those with --cache-outputs gives the same
 results). `--cache-outputs / --prompt-only`: whether requests' output blocks take cache space
 (default: the engine's own for a run directory, prompt-only for a trace); each result says which
-(`caching`). `--host-tokens` adds a host tier below every capacity (`--host-load-ms` per block
-loaded, `--prefetch` KVFlow's prefetch): the output then splits device hits, host hits and
-misses per agent.
+(`caching`). `--in-request-order head-first` evicts a request's first block first, not its last
+(vLLM semantics; each result's `in_request_order`). `--host-tokens` adds a host tier below every
+capacity (`--host-load-ms` per block loaded, `--prefetch` KVFlow's prefetch): the output then
+splits device hits, host hits and misses per agent.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 def replay_with_progress(
     source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None,
     tier: dict[str, Any] | None = None, cache_outputs: bool | None = None,
+    in_request: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """replaying.replay_document over every policy x capacity, with a progress bar when long."""
     from kvscope.replaying import plan_of, replay_document
 
-    plan = plan_of(source, policy, capacity_tokens, tier, cache_outputs)
+    plan = plan_of(source, policy, capacity_tokens, tier, cache_outputs, in_request)
     steps = len(plan.policies) * len(plan.capacities)
     show = console.is_terminal and len(source.trace) * steps > PROGRESS_AFTER
     columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -122,6 +124,14 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    in_request_order: Annotated[
+        str | None,
+        typer.Option(
+            help="Which of a request's blocks is evicted first: tail-first (the engines'; "
+            "default) or head-first (its first block, as kvlint and prefixlens; vLLM "
+            "semantics only)."
+        ),
+    ] = None,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
     live: Annotated[
         bool,
@@ -160,8 +170,11 @@ def replay(
     if live:
         from kvscope.cli.replay_live import replay_live
 
-        if cache_outputs is not None:
-            raise KvscopeError("--cache-outputs / --prompt-only: not with --live (engines cache)")
+        if cache_outputs is not None or in_request_order is not None:
+            raise KvscopeError(
+                "--cache-outputs / --prompt-only / --in-request-order: not with --live "
+                "(the engine caches as it does)"
+            )
 
         replay_live(
             source, block_size, engine=engine, attach=attach, pacing=pacing,
@@ -189,7 +202,9 @@ def replay(
     if to_tokens is not None and loaded.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
-    doc = replay_with_progress(loaded, source, policy, capacity_tokens, tier, cache_outputs)
+    doc = replay_with_progress(
+        loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order
+    )
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:

@@ -22,7 +22,8 @@ capacity, KVFlow prefetch accounting with `prefetch`, `load_ms_per_block` the co
 The fidelity replay never has one (the engine it is checked against had none).
 Caching: the engine's own (output blocks cached, `cache_outputs`, make_plan's default) or
 prompt-only (simulate.CACHING), said in a note and in every result; the fidelity replay is
-always the engine's own.
+always the engine's own. In-request order (simulate.IN_REQUEST): tail-first (the engines') or
+head-first (vLLM semantics only: refused on SGLang's and for the hint policies), said likewise.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kvscope.sim.hints import HINT_POLICIES, check_hints
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.results.fidelity import Fidelity, fidelity
 from kvscope.sim.results.summary import Summary, summarize
-from kvscope.sim.simulate import ENGINES, POLICIES, RADIX_POLICIES, simulate
+from kvscope.sim.simulate import ENGINES, IN_REQUEST, POLICIES, RADIX_POLICIES, simulate
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
 AGENT_POLICIES = (
@@ -57,6 +58,7 @@ class Plan:
     prefetch: bool = False
     load_ms_per_block: float | None = None
     cache_outputs: bool = True  # False: the cache holds prompts' full blocks only
+    in_request: str = "tail-first"  # which of a request's blocks is evicted first
 
 
 def split_list(text: str | None) -> list[str]:
@@ -123,6 +125,7 @@ def make_plan(
     prefetch: bool = False,
     load_ms_per_block: float | None = None,
     cache_outputs: bool = True,
+    in_request: str = IN_REQUEST[0],
 ) -> Plan:
     chosen, notes = choose_policies(policies, source)
     caps = choose_capacities(capacities, source)
@@ -155,8 +158,40 @@ def make_plan(
         raise KvscopeError("--host-load-ms must be >= 0")
     notes += hint_notes(source, chosen, engine, host_blocks)
     notes.append(caching_note(cache_outputs, engine))
+    notes.append(order_note(in_request, engine, chosen))
     return Plan(
-        chosen, caps, engine, notes, host_blocks, prefetch, load_ms_per_block, cache_outputs
+        chosen,
+        caps,
+        engine,
+        notes,
+        host_blocks,
+        prefetch,
+        load_ms_per_block,
+        cache_outputs,
+        in_request,
+    )
+
+
+def order_note(in_request: str, engine: str | None, chosen: list[str]) -> str:
+    """Which of a request's blocks is evicted first, in words; a KvscopeError where head-first
+    cannot be replayed."""
+    if in_request not in IN_REQUEST:
+        raise KvscopeError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
+    if in_request == IN_REQUEST[0]:
+        return (
+            "in-request order: tail-first (the engine's: a request's last block is evicted "
+            "first); --in-request-order head-first evicts its first block first"
+        )
+    radix = "the run's engine, SGLang" if engine == "sglang" else None
+    radix = radix or next((f"{p!r}, SGLang's" for p in chosen if p in HINT_POLICIES), None)
+    if radix:
+        raise KvscopeError(
+            f"--in-request-order head-first is simulated on vLLM's block pool only, not on "
+            f"{radix} radix cache (it evicts leaves: a request's tail first)"
+        )
+    return (
+        "in-request order: head-first: a request's first block is evicted first (as kvlint "
+        "and prefixlens), not the engine's last"
     )
 
 
@@ -212,7 +247,7 @@ def run_plan(
     trace = source.trace
     kwargs = {"engine": plan.engine} if plan.engine else {}
     tier = {"host_blocks": plan.host_blocks, "prefetch": plan.prefetch} if plan.host_blocks else {}
-    caching = {"cache_outputs": plan.cache_outputs}
+    caching = {"cache_outputs": plan.cache_outputs, "in_request": plan.in_request}
     summaries, found = [], None
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
@@ -227,6 +262,7 @@ def run_plan(
             if (
                 not tier
                 and plan.cache_outputs
+                and plan.in_request == IN_REQUEST[0]
                 and policy == own
                 and run_cap is not None
                 and cap // trace.block_size == (run_cap // trace.block_size)

@@ -24,6 +24,11 @@ request filled and keeps them in its free queue, where they take LRU space thoug
 trace's prompts matches them; SGLang inserts them into its tree), or "prompt-only"
 (`cache_outputs=False`: prompts' full blocks only, trace.prompt_only; what kvlint's and
 prefixlens' simulators model).
+
+In-request order (IN_REQUEST, vLLM semantics): "tail-first", the engine's (vLLM frees a
+request's blocks in reverse, so its last block is the least recent), or "head-first" (its first
+block is, as kvlint's and prefixlens' LRU touch a prompt's blocks in order). SGLang's radix
+cache evicts leaves, so its order is always tail first.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ ORDERS: dict[str, Callable[[], EvictionOrder]] = {
 POLICIES = (*ORDERS, *HINT_POLICIES, "none")
 ENGINES = ("vllm", "sglang")
 CACHING = ("cache-outputs", "prompt-only")
+IN_REQUEST = ("tail-first", "head-first")  # which of a request's blocks is evicted first
 
 
 def make_order(policy: str, priorities: Sequence[float] | None = None) -> EvictionOrder:
@@ -74,6 +80,7 @@ def simulate(
     priorities: Sequence[float] | None = None,
     prefetch: bool = False,
     cache_outputs: bool = True,
+    in_request: str = "tail-first",
 ) -> SimResult:
     """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
 
@@ -81,8 +88,13 @@ def simulate(
     tiers.py), with KVFlow-style prefetch accounting if `prefetch`. `priorities[i]`: request
     i's priority, used by "priority" (and the hint policies) only; on "sglang" the trace's
     own by default. A hint policy the trace or engine cannot replay is a KvscopeError.
-    `cache_outputs=False`: the cache holds prompts' full blocks only (module doc).
+    `cache_outputs=False`: the cache holds prompts' full blocks only; `in_request`: which of a
+    request's blocks is evicted first (module doc).
     """
+    if in_request not in IN_REQUEST:
+        raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
+    if in_request != IN_REQUEST[0] and (engine != "vllm" or policy in HINT_POLICIES):
+        raise ValueError("a head-first in-request order is simulated on vllm semantics only")
     result = _simulate(
         trace if cache_outputs else prompt_only(trace),
         policy,
@@ -91,8 +103,10 @@ def simulate(
         host_blocks=host_blocks,
         priorities=priorities,
         prefetch=prefetch,
+        head_first=in_request == IN_REQUEST[1],
     )
-    return replace(result, caching=CACHING[0] if cache_outputs else CACHING[1])
+    caching = CACHING[0] if cache_outputs else CACHING[1]
+    return replace(result, caching=caching, in_request=in_request)
 
 
 def _simulate(
@@ -104,6 +118,7 @@ def _simulate(
     host_blocks: int,
     priorities: Sequence[float] | None,
     prefetch: bool,
+    head_first: bool,
 ) -> SimResult:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -117,7 +132,9 @@ def _simulate(
         result = simulate_radix(trace, "priority", capacity_blocks, priorities)
         return replace(result, policy=policy)
     if policy == "none":
-        return simulate_pool(trace, capacity_blocks, LRUOrder(), caching=False)
+        return simulate_pool(
+            trace, capacity_blocks, LRUOrder(), caching=False, head_first=head_first
+        )
     host = HostTier(host_blocks, prefetch=prefetch) if host_blocks > 0 else None
     if engine == "sglang":
         if policy not in RADIX_POLICIES:
@@ -125,4 +142,5 @@ def _simulate(
         if policy == "priority" and priorities is None:
             priorities = trace.priorities
         return simulate_radix(trace, policy, capacity_blocks, priorities)
-    return simulate_pool(trace, capacity_blocks, make_order(policy, priorities), host=host)
+    order = make_order(policy, priorities)
+    return simulate_pool(trace, capacity_blocks, order, host=host, head_first=head_first)

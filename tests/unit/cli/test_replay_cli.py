@@ -263,3 +263,20 @@ def test_a_prompt_only_replay_of_a_run_keeps_the_engines_fidelity(run: Path) -> 
         docs.append(json.loads((run / "replay.json").read_text()))
     assert [d["caching"] for d in docs] == ["cache-outputs", "prompt-only"]
     assert docs[0]["fidelity"] == docs[1]["fidelity"] is not None
+
+
+def test_the_in_request_order_is_an_option_said_in_each_result(tmp_path: Path) -> None:
+    trace = write_jsonl(mooncake_rows(load_source(PATHOLOGY)), tmp_path / "m.jsonl")
+    args = ["replay", str(trace), "--block-size", "128", "--capacity-tokens", "1024,2048"]
+    for order in ("tail-first", "head-first"):
+        out = tmp_path / f"{order}.json"
+        result = runner.invoke(app, [*args, "--in-request-order", order, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        assert f"in-request order: {order}" in result.output.replace("\n", " ")
+        assert {r["in_request_order"] for r in json.loads(out.read_text())} == {order}
+    result = runner.invoke(app, [*args, "--in-request-order", "middle"])
+    assert result.exit_code == 2 and "unknown in-request order 'middle'" in result.output
+    sglang = ROOT / "tests" / "fixtures" / "replay" / "pathology-sglang"
+    result = runner.invoke(app, ["replay", str(sglang), "--in-request-order", "head-first"])
+    assert result.exit_code == 2
+    assert "head-first is simulated on vLLM's block pool only" in result.output

@@ -13,14 +13,14 @@ from kvscope.sim.simulate import simulate
 from kvscope.sim.trace import Trace
 
 
-def prompt_only_lru(trace: Trace, capacity: int) -> list[int]:
+def prompt_only_lru(trace: Trace, capacity: int, head_first: bool = False) -> list[int]:
     """Cached blocks per request of a trace whose requests run one after another, in a vLLM pool
     of `capacity` blocks that holds prompts' full blocks only. Per request: its keys hit in
     order up to the first miss and at most (prompt - 1) // block_size; the rest of its full
     prompt blocks take blank blocks first, then evict the least recently released (a key
     stored twice is held by two blocks, looked up in the first); when it ends its blocks are
-    released tail first (its last block the least recent; kvlint's and prefixlens' LRU touch
-    the first block first: their in-request order differs)."""
+    released tail first (its last block the least recent), or with `head_first` first block
+    first (as kvlint's and prefixlens' LRU touch a prompt's blocks in order)."""
     free: OrderedDict[int, int] = OrderedDict()  # released block -> its key, oldest first
     where: dict[int, list[int]] = {}  # key -> the blocks holding it, in the order stored
     fresh = iter(range(capacity))  # blocks never used (blank)
@@ -45,7 +45,8 @@ def prompt_only_lru(trace: Trace, capacity: int) -> list[int]:
                     del where[old]
             where.setdefault(k, []).append(b)
             mine.append(b)
-        for b, k in reversed(list(zip(mine, keys, strict=True))):
+        pairs = list(zip(mine, keys, strict=True))
+        for b, k in pairs if head_first else reversed(pairs):
             free[b] = k
     return out
 
@@ -75,16 +76,21 @@ def _shared_trace(seed: int, n: int = 80, block_size: int = 4) -> Trace:
 @pytest.mark.parametrize("seed", range(4))
 def test_prompt_only_caching_equals_the_reference(seed: int) -> None:
     trace = _shared_trace(seed)
-    changed = False
+    changed = orders = False
     for capacity in (10, 14, 20, 30, 60, 1000):
         got = simulate(trace, "lru", capacity, cache_outputs=False)
-        assert got.caching == "prompt-only"
+        assert (got.caching, got.in_request) == ("prompt-only", "tail-first")
         assert got.cached_blocks.tolist() == prompt_only_lru(trace, capacity), capacity
+        head = simulate(trace, "lru", capacity, cache_outputs=False, in_request="head-first")
+        assert head.in_request == "head-first"
+        assert head.cached_blocks.tolist() == prompt_only_lru(trace, capacity, True), capacity
         assert not got.preempted.any()
         engine = simulate(trace, "lru", capacity)
         assert engine.caching == "cache-outputs"
         changed |= engine.cached_blocks.tolist() != got.cached_blocks.tolist()
+        orders |= head.cached_blocks.tolist() != got.cached_blocks.tolist()
     assert changed  # output blocks taking space changes what is cached at some capacity
+    assert orders  # and so does the in-request order
     # at an unbounded capacity both are every prefix hit
     assert engine.cached_blocks.tolist() == got.cached_blocks.tolist()
 
@@ -98,3 +104,11 @@ def test_prompt_only_takes_no_space_for_output_or_a_partial_block(engine: str) -
     prompts = simulate(trace, "lru", 3, engine=engine, cache_outputs=False)
     assert prompts.preempted.tolist() == [False, False]
     assert prompts.cached_blocks.tolist() == [0, 2] and prompts.caching == "prompt-only"
+
+
+def test_head_first_is_refused_where_the_cache_evicts_leaves() -> None:
+    trace = make_trace([[11, 12], [11, 12]])
+    with pytest.raises(ValueError, match="vllm semantics only"):
+        simulate(trace, "lru", 8, engine="sglang", in_request="head-first")
+    with pytest.raises(ValueError, match="unknown in-request order"):
+        simulate(trace, "lru", 8, in_request="middle")

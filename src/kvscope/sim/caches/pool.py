@@ -96,11 +96,14 @@ def simulate_pool(
     *,
     caching: bool = True,
     host: HostTier | None = None,
+    head_first: bool = False,
 ) -> SimResult:
     """Replay `trace` through a vLLM block pool of `capacity_blocks` usable blocks.
 
     `caching=False` is the no-cache counterfactual: nothing is looked up or kept. `host`: a host
-    tier below the device (tiers.py), None for none.
+    tier below the device (tiers.py), None for none. `head_first`: a request's blocks go back to
+    the free queue first block first (its first block is evicted first, as kvlint's and
+    prefixlens' LRU do), not vLLM's tail first.
     """
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
@@ -130,6 +133,8 @@ def simulate_pool(
     for i, kind in zip(reqs.tolist(), kinds.tolist(), strict=True):
         if kind == 0:  # end: blocks back to the free queue, tail first
             arr = held.pop(i, None)
+            if head_first and arr is not None:
+                arr = arr[::-1]
             if arr is not None and len(arr):
                 ref[arr] -= 1
                 freed = arr[ref[arr] == 0]

@@ -38,6 +38,8 @@ class SimResult:
     # what the cache held: "cache-outputs" (the engine's: a request's output blocks take space
     # and are kept) or "prompt-only" (prompts' full blocks only: simulate's cache_outputs=False)
     caching: str = "cache-outputs"
+    # which of a request's blocks is evicted first: "tail-first" (the engines') or "head-first"
+    in_request: str = "tail-first"
 
     @property
     def cached_tokens(self) -> np.ndarray:

@@ -6,12 +6,13 @@ harmful evictions by agent pair, and the TTFT the policy would save.
 prompt_tokens, cached_tokens, hit_ratio, per_agent: {agent: {prompt_tokens, cached_tokens}},
 seconds, ...} plus capacity_blocks, requested_capacity_tokens (as asked, before rounding to
 whole blocks), caching ("cache-outputs" or "prompt-only": what the cache held, simulate's
-CACHING), recompute_tokens, preempted, evictions, per_transition (same shape as per_agent), harm
-([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens recomputed because the evictor
-agent's allocation evicted what the victim agent had stored) and ttft_saved_ms; with a host tier
-also `tiers` (tiered.py: device / host / prefetched / missed tokens per agent, the load time).
-Recompute tokens are those neither hit nor loaded; host hits count in TTFT saved as prefill
-saved less their load time (null when no load cost was given).
+CACHING), in_request_order ("tail-first" or "head-first": which of a request's blocks is
+evicted first, simulate's IN_REQUEST), recompute_tokens, preempted, evictions, per_transition
+(same shape as per_agent), harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens
+recomputed because the evictor agent's allocation evicted what the victim agent had stored) and
+ttft_saved_ms; with a host tier also `tiers` (tiered.py: device / host / prefetched / missed
+tokens per agent, the load time). Recompute tokens are those neither hit nor loaded; host hits
+count in TTFT saved as prefill saved less their load time (null when no load cost was given).
 
 Hit ratio (the device's) is token-weighted: sum(cached) / sum(prompt). `ttft_saved_ms` =
 ms_per_token * sum(simulated - measured cached tokens) over the requests whose cached tokens the
@@ -58,6 +59,7 @@ class Summary:
     # known (a summary made outside a replay plan)
     requested_capacity_tokens: int | None = None
     caching: str = "cache-outputs"  # what the cache held: SimResult.caching
+    in_request: str = "tail-first"  # which of a request's blocks is evicted first: SimResult's
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class Summary:
             "capacity_blocks": self.capacity_blocks,
             "requested_capacity_tokens": self.requested_capacity_tokens,
             "caching": self.caching,
+            "in_request_order": self.in_request,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -142,6 +145,7 @@ def summarize(
         seconds=float(result.seconds),
         tiers=tiers,
         caching=result.caching,
+        in_request=result.in_request,
     )
 
 
