@@ -16,6 +16,13 @@ numpy, the trace and the simulation; VmHWM), and its RSS just before `simulate()
 
 `--engine`: "vllm" (the block pool), "sglang" (the radix cache; only its policies run there) or
 both, comma-separated. `--check`: the same at 25k, 50k and 100k requests: is the cost linear?
+`--anchors`: instead, kvscope against kvlint 0.1.1 (its vLLM block simulator) and prefixlens
+0.1.0 (its radix LRU) on one token-id trace (--requests requests on 60 Zipf-popular prefixes),
+at each of --anchor-blocks capacities: cached tokens, CPU seconds and peak RSS of each, each in
+a child. The two are installed by this bench in their own venv (ANCHORS_VENV, default
+~/.cache/kvscope-bench/anchors), never in kvscope's. kvscope runs --prompt-only, vLLM semantics
+head-first (kvlint's rules: expected equal) and SGLang semantics (prefixlens evicts single
+pages, SGLang whole nodes: not expected equal).
 `--load-tokens N`: instead, how long `load_source` takes to read a token-id trace (JSONL) of
 about N prompt tokens over `--requests` requests and the same requests as a Mooncake trace
 (--block-size), each in a child process: CPU and wall seconds, peak RSS.
@@ -269,7 +276,103 @@ def time_loading(n: int, tokens: int, block_size: int, repeat: int = 3) -> None:
                       f"peak RSS {r['peak_mb']:5.0f} MB")  # fmt: skip
 
 
+ANCHORS = ("kvlint==0.1.1", "prefixlens==0.1.0")
+ANCHOR_SCRIPT = """
+import json, sys, time
+path, name, bs, cap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+t, c = time.perf_counter(), time.process_time()
+rows = [json.loads(line) for line in open(path)]
+if name == "kvlint":
+    from kvlint.sim.vllm_blocks import VLLMBlockSimulator
+    sim = VLLMBlockSimulator(bs, cap)
+    cached = sum(sim.feed_tokens(r["request_id"], r["token_ids"]).cached_tokens for r in rows)
+else:
+    from prefixlens.request import Request
+    from prefixlens.simulator import RadixCacheSimulator
+    sim = RadixCacheSimulator(bs, cap)
+    cached = bs * sum(sim.process(Request(r["request_id"], tuple(r["token_ids"])))
+                      .cached_prefix_blocks for r in rows)
+peak = [int(x.split()[1]) / 1024 for x in open("/proc/self/status") if x.startswith("VmHWM")]
+print(json.dumps({"cached": cached, "cpu": time.process_time() - c, "peak_mb": peak[0]}))
+"""
+
+
+def anchors_python() -> str:
+    """The anchors' venv's python, made (and the anchors installed) on first use."""
+    venv = Path(os.environ.get("ANCHORS_VENV", "~/.cache/kvscope-bench/anchors")).expanduser()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_bare_env())
+        pip = [str(python), "-m", "pip", "install", "-q", *ANCHORS]
+        subprocess.run(pip, check=True, env=_bare_env())
+    return str(python)
+
+
+def _bare_env() -> dict[str, str]:
+    """The environment without PYTHONPATH: the anchors never see kvscope's sources."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def zipf_trace(path: Path, n: int, seed: int = 5) -> Path:
+    """n token-id requests, each one of 60 prefixes (300-1,500 tokens, Zipf-popular) plus a
+    fresh suffix of 1-300 tokens, with outputs of 1-400 tokens."""
+    import orjson
+
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, 50_000, size=int(rng.integers(300, 1500))) for _ in range(60)]
+    pop = 1 / np.arange(1, 61)
+    with path.open("wb") as f:
+        for i in range(n):
+            head = prefixes[rng.choice(60, p=pop / pop.sum())]
+            ids = np.concatenate([head, rng.integers(0, 50_000, size=int(rng.integers(1, 300)))])
+            row = {"request_id": f"r{i}", "timestamp": i, "token_ids": ids.tolist(),
+                   "output_length": int(rng.integers(1, 400))}  # fmt: skip
+            f.write(orjson.dumps(row) + b"\n")
+    return path
+
+
+def kvscope_worker(path: str, bs: int, cap: int, engine: str) -> None:
+    """Child: kvscope replay --prompt-only of the trace, one JSON line."""
+    from kvscope.sim.inputs.sources import load_source
+    from kvscope.sim.simulate import simulate
+
+    c = time.process_time()
+    trace = load_source(Path(path), bs).trace
+    order = "head-first" if engine == "vllm" else "tail-first"
+    res = simulate(trace, "lru", cap, engine=engine, cache_outputs=False, in_request=order)
+    print(json.dumps({"cached": int(res.cached_tokens.sum()), "cpu": time.process_time() - c,
+                      "peak_mb": _peak_mb()}))  # fmt: skip
+
+
+def compare_anchors(n: int, bs: int, capacities: list[int]) -> None:
+    anchors = anchors_python()
+    with tempfile.TemporaryDirectory() as d:
+        path = zipf_trace(Path(d) / "t.jsonl", n)
+        print(f"token-id trace: {n} requests, {path.stat().st_size / 2**20:.0f} MB, "
+              f"block size {bs}; kvscope --prompt-only")  # fmt: skip
+
+        def child(cmd: list[str]) -> dict:
+            env = _bare_env() if cmd[0] == anchors else None
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+            return json.loads(out.strip().splitlines()[-1])
+
+        for cap in capacities:
+            args = [str(path), str(bs), str(cap)]
+            pairs = (("kvlint", "vllm"), ("prefixlens", "sglang"))
+            for anchor, engine in pairs:
+                a = child([anchors, "-c", ANCHOR_SCRIPT, str(path), anchor, str(bs), str(cap)])
+                k = child([sys.executable, __file__, "--kvscope-worker", *args, engine])
+                print(f"  {cap:7d} blocks  {anchor:10s} {a['cached']:>12,} cached "
+                      f"{a['cpu']:6.2f} s CPU {a['peak_mb']:5.0f} MB | kvscope {engine:6s} "
+                      f"{k['cached']:>12,} ({k['cached'] / max(a['cached'], 1):.4f}x) "
+                      f"{k['cpu']:6.2f} s CPU {k['peak_mb']:5.0f} MB; "
+                      f"CPU {a['cpu'] / max(k['cpu'], 1e-9):.1f}x faster")  # fmt: skip
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--kvscope-worker":
+        kvscope_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         return
@@ -284,7 +387,12 @@ def main() -> None:
     ap.add_argument("--engine", default="vllm", help="vllm, sglang or both: vllm,sglang")
     ap.add_argument("--check", action="store_true", help="25k, 50k and 100k: is it linear?")
     ap.add_argument("--load-tokens", type=int, help="time load_source on traces of ~N tokens")
+    ap.add_argument("--anchors", action="store_true", help="against kvlint and prefixlens")
+    ap.add_argument("--anchor-blocks", default="50,200,800,1600,100000")
     a = ap.parse_args()
+    if a.anchors:
+        compare_anchors(a.requests, a.block_size, [int(c) for c in a.anchor_blocks.split(",")])
+        return
     if a.load_tokens:
         time_loading(a.requests, a.load_tokens, a.block_size)
         return
