@@ -28,10 +28,11 @@ import base64
 import json
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlflow.entities import Trace, TraceData, TraceInfo, TraceLocation, TraceState
+from mlflow.entities import TraceInfo, TraceLocation, TraceState
 from mlflow.tracing.constant import (
     MAX_CHARS_IN_TRACE_INFO_METADATA,
     TRACE_SCHEMA_VERSION,
@@ -300,8 +301,7 @@ def _cut(value: str | None) -> str:
 
 def _add_size_stats(info: TraceInfo, sizes: list[int]) -> None:
     """mlflow.tracing.utils.add_size_stats_to_trace_metadata, from the spans' sizes."""
-    total = sum(sizes) + len(Trace(info, TraceData(spans=[])).to_json().encode()) + (
-        len(sizes) - 1) * 2  # fmt: skip
+    total = sum(sizes) + _info_size(info) + (len(sizes) - 1) * 2
     ordered = sorted(sizes)
     stats = {
         TraceSizeStatsKey.TOTAL_SIZE_BYTES: total,
@@ -313,6 +313,31 @@ def _add_size_stats(info: TraceInfo, sizes: list[int]) -> None:
     }
     info.trace_metadata[TraceMetadataKey.SIZE_STATS] = json.dumps(stats)
     info.trace_metadata[TraceMetadataKey.SIZE_BYTES] = str(total)
+
+
+def _info_size(info: TraceInfo) -> int:
+    """len(Trace(info, TraceData(spans=[])).to_json()) (ASCII: its UTF-8 bytes), without the
+    protobuf round trip of `TraceInfo.to_dict` (a fifth of a trace's build): the same keys and
+    values in another order (the length is the same). MessageToDict leaves out unset fields
+    and empty maps, writes the request time as RFC 3339; to_dict the duration in ms.
+    tests/unit/test_trace_build.py checks it against MLflow's."""
+    seconds, ms = divmod(info.request_time, 1000)
+    experiment_id = getattr(info.trace_location.mlflow_experiment, "experiment_id", None)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    out: dict[str, Any] = {
+        "trace_id": info.trace_id,
+        "trace_location": {"type": "MLFLOW_EXPERIMENT",
+                           "mlflow_experiment": {"experiment_id": experiment_id}},
+        "request_time": f"{stamp}.{ms:03d}Z" if ms else f"{stamp}Z",
+        "state": info.state.value,
+    }  # fmt: skip
+    out |= {k: v for k, v in (("trace_metadata", info.trace_metadata), ("tags", info.tags)) if v}
+    optional = {"request_preview": info.request_preview, "client_request_id":
+                info.client_request_id, "response_preview": info.response_preview}  # fmt: skip
+    out |= {k: v for k, v in optional.items() if v is not None}
+    if info.execution_duration is not None:
+        out["execution_duration_ms"] = info.execution_duration
+    return len(json.dumps({"info": out, "data": {"spans": []}}))
 
 
 def _percentile(ordered: list[int], q: float) -> float:

@@ -21,7 +21,7 @@ from test_traces import FAILED, MEASURED, graph_row, row
 
 from kvscope.records.payloads import CallPayload
 from kvscope.records.tools import ToolCall
-from kvscope.trace_build import BuiltTrace, TracePlan, _dump, build_trace
+from kvscope.trace_build import BuiltTrace, TracePlan, _dump, _info_size, build_trace
 from kvscope.traces import plan_traces
 
 MS = 1_000_000
@@ -138,3 +138,20 @@ def test_trace_ids_ascend_with_the_roots_start() -> None:
         build_trace(first, "7", "r", ENV).info.trace_id
         < build_trace(later, "7", "r", ENV).info.trace_id
     )  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("request_time", "previews", "duration", "client_id"),
+    [(0, (None, None), 50, None), (1_764_300_000_123, ("Grüße", ""), None, "c-1"),
+     (1_764_300_000_000, ("", "ok \u2028"), 0, None)],
+)  # fmt: skip
+def test_the_info_size_is_the_empty_traces_json(
+    request_time: int, previews: tuple[str | None, str | None], duration: int | None,
+    client_id: str | None,
+) -> None:  # fmt: skip
+    info = built()[0].info
+    info.request_time, info.execution_duration, info.client_request_id = (
+        request_time, duration, client_id)  # fmt: skip
+    info.request_preview, info.response_preview = previews
+    info.trace_metadata["note"] = '你好 "quoted"'
+    assert _info_size(info) == len(Trace(info, TraceData(spans=[])).to_json().encode())
