@@ -21,6 +21,7 @@ wrapper calls the original whatever happens on kvscope's side: a tracker error i
 import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Tracker = Any  # RunTracker (probe/run_tracker.py imports this module)
 _ORIGINAL: list[Callable[..., Any]] = []  # the task callable's own __call__, while wrapped
+_LOCK = threading.Lock()  # invocations may start in several threads at once: one wrapper
 
 
 def install(tracker: Callable[[], Tracker | None]) -> bool:
@@ -37,9 +39,14 @@ def install(tracker: Callable[[], Tracker | None]) -> bool:
     (the active one at that moment, None: no one) before LangGraph schedules the task."""
     if _ORIGINAL:
         return True
+    with _LOCK:
+        return _install(tracker)
+
+
+def _install(tracker: Callable[[], Tracker | None]) -> bool:
     cls = _task_class()
-    if cls is None:
-        return False
+    if cls is None or _ORIGINAL:
+        return cls is not None
     original = cls.__call__
 
     @functools.wraps(original)
@@ -64,9 +71,10 @@ def install(tracker: Callable[[], Tracker | None]) -> bool:
 
 
 def uninstall() -> None:
-    cls = _task_class()
-    if cls is not None and _ORIGINAL:
-        cls.__call__ = _ORIGINAL.pop()
+    with _LOCK:
+        cls = _task_class()
+        if cls is not None and _ORIGINAL:
+            cls.__call__ = _ORIGINAL.pop()
 
 
 def _task_class() -> type | None:
