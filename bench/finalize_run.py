@@ -23,6 +23,7 @@ found against the rows (a trace per invocation, nothing lost) and the child's pe
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3   # 100k requests
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3 --vocab 100000  # 4-byte ids
     .venv/bin/python bench/finalize_run.py --workflows 8334 --cycles 3 --publish  # + publish
+    .venv/bin/python bench/finalize_run.py ... --publish --traces-before-analysis
 """
 
 import argparse
@@ -64,7 +65,7 @@ PUBLISH_CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from publish_stages import publish_run
-publish_run(sys.argv[2])
+publish_run(sys.argv[2], early=sys.argv[3:] == ["early"])
 """
 SYSTEM = "You are the {} of a finance desk. " + "Keep the books. " * 40  # a ~700-char prompt
 ENGINE_SAMPLES = 125
@@ -197,6 +198,12 @@ def main() -> None:
         action="store_true",
         help="finalize and publish as `kvscope run` does, MLflow traces included",
     )
+    p.add_argument(
+        "--traces-before-analysis",
+        action="store_true",
+        help="with --publish: start the trace writer once the tables are written, beside the "
+        "analysis (publish's trace_job), not at publish",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = a.keep or Path(tmp) / "run"
@@ -208,7 +215,8 @@ def main() -> None:
               + ", ".join(f"{n} {s:,.0f} MiB" for n, s in sizes.items()))  # fmt: skip
         if a.publish:
             here = str(Path(__file__).parent)
-            done = subprocess.run([sys.executable, "-c", PUBLISH_CHILD, here, str(folder)])
+            early = ["early"] if a.traces_before_analysis else []
+            done = subprocess.run([sys.executable, "-c", PUBLISH_CHILD, here, str(folder), *early])
             sys.exit(done.returncode)
         t1 = time.perf_counter()
         done = subprocess.run(

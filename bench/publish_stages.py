@@ -1,16 +1,17 @@
 """bench/finalize_run.py --publish's child: a written run directory finalized and published as
 `kvscope run` concludes a run (pipeline.py, publish.py), each stage timed. Prints numbers.
 
-Stages, in order: finalize (the tables), analysis (analyze_run), summary + figures
-(summary.json, timeline.png, evictions.png), report (report.html), then the MLflow run in a
-fresh local SQLite store beside the run directory (kvscope's default, `sqlite:///<runs>/mlflow.db`):
-open + start (params), metrics + artifacts, traces (planned from the rows and streams, built and
-inserted by kvscope.traces.write_traces in a child process started before the summary, beside
-the figures and the report: kvscope/trace_job.py; printed: the child's seconds from start to
-exit and how long publish waited for it after the report), the audit (TrackingRun.finish:
-every trace of the run counted with its spans, the audit's metrics logged, the run ended).
-Then the audit against the rows (a trace per invocation expected) and the peak RSS (VmHWM) of
-this process and of the trace writer (its own process).
+Stages, in order: MLflow open + start (params; at a run's start, before its calls: left out of
+the total), finalize (the tables), analysis (analyze_run), summary + figures (summary.json,
+timeline.png, evictions.png), report (report.html), then the MLflow run in a fresh local SQLite
+store beside the run directory (kvscope's default, `sqlite:///<runs>/mlflow.db`): metrics,
+artifacts, traces (planned from the rows and streams, built and inserted by
+kvscope.traces.write_traces in a child process, kvscope/trace_job.py, started by publish before
+the summary, beside the figures and the report; with --traces-before-analysis once the tables
+are written, beside the analysis too; printed: its seconds from start to exit, its peak RSS and
+how long publish waited for it after the report), the audit (TrackingRun.finish: every trace of
+the run counted with its spans, the audit's metrics logged, the run ended). Then the audit
+against the rows (a trace per invocation expected) and this process's peak RSS (VmHWM).
 """
 
 import subprocess
@@ -59,7 +60,7 @@ def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
     inside["trace writer peak RSS MiB"] = peak / 1024
 
 
-def publish_run(folder: str) -> None:
+def publish_run(folder: str, early: bool = False) -> None:
     run_dir = Path(folder)
     calls = sum(1 for _ in (run_dir / requests.REQUESTS_JSONL).open())
     stages: dict[str, float] = {}
@@ -72,20 +73,17 @@ def publish_run(folder: str) -> None:
         t = now
 
     names = iter(["summary.json + figures", "report.html"])
-    done = finalize(run_dir)
-    stage("finalize (tables)")
-    analysis = analyze_run(run_dir)
-    stage("analysis")
     tracking = TrackingRun.open(TrackingConfig(experiment="bench-publish"), run_dir.parent)
     tracking.start(run_dir.name, {"calls": calls}, {"benchmark_run_id": run_dir.name})
-    stage("MLflow open + start")
+    stage("MLflow open + start (at a run's start)")
     inside: dict[str, float] = {}
-    start = TraceJob.start
+    start, watching = TraceJob.start, []
 
     def started(*args: Any) -> TraceJob | None:
         job = start(*args)
         if job is not None:
-            threading.Thread(target=watch, args=(job.process, inside), daemon=True).start()
+            watching.append(threading.Thread(target=watch, args=(job.process, inside)))
+            watching[-1].start()
         return job
 
     TraceJob.start = started  # type: ignore[method-assign, assignment]
@@ -95,14 +93,25 @@ def publish_run(folder: str) -> None:
         t0 = time.perf_counter()
         done = wait(self)
         inside["publish waiting for it after the report"] = time.perf_counter() - t0
+        for thread in watching:
+            thread.join()
         return done
 
     TraceJob.wait = waited  # type: ignore[method-assign]
+    done = finalize(run_dir)
+    stage("finalize (tables)")
+    job = None
+    if early:  # the trace writer started on the finalized tables, beside the analysis
+        job = TraceJob.start(run_dir, tracking.tracking_uri, tracking.experiment_id,
+                             tracking.run_id or "")  # fmt: skip
+    analysis = analyze_run(run_dir)
+    stage("analysis")
     _timed(traces, "plan_traces", inside, "plan (here, no child)")
     _timed(trace_writer, "build_trace", inside, "build (here)")
     _timed(trace_writer, "insert_sqlite", inside, "insert (here)")
     _timed(TrackingRun, "finish", inside, "audit + run ended")
-    outcome = publish(analysis, tracking, WorkloadOutcome(), on_stage=lambda _: stage(next(names)))
+    outcome = publish(analysis, tracking, WorkloadOutcome(), trace_job=job,
+                      on_stage=lambda _: stage(next(names)))  # fmt: skip
     stage("MLflow: metrics, artifacts, traces, audit")
     invocations = len(set(analysis.requests.column("workflow_run_id").to_pylist()))
     status = Path("/proc/self/status").read_text().splitlines()
@@ -113,8 +122,9 @@ def publish_run(folder: str) -> None:
         print(f"  {name:42s} {seconds:7.2f} s")
     print("  traces: " + ", ".join(f"{k} {v:,.2f}" + ("" if "MiB" in k else " s")
                                    for k, v in inside.items()))  # fmt: skip
-    total = sum(stages.values())
-    print(f"finalize + publish: {total:.2f} s; peak RSS {hwm / 1024:,.0f} MiB (this process)")
+    total = sum(v for k, v in stages.items() if not k.startswith("MLflow open"))
+    print(f"finalize + publish (all but MLflow open + start): {total:.2f} s; peak RSS "
+          f"{hwm / 1024:,.0f} MiB (this process)")  # fmt: skip
     audit = outcome.audit
     print(f"audit: {audit.written if audit else 0:,} traces complete of "
           f"{audit.expected if audit else 0:,} expected ({audit.dropped if audit else '-'} "
