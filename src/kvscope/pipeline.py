@@ -28,6 +28,7 @@ from kvscope.finalize import finalize
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
 from kvscope.records.run_dir import RunDir
 from kvscope.records.status import RunStatus, write_status
+from kvscope.trace_job import TraceJob
 
 Driver = Callable[[CaptureSession], WorkloadOutcome]  # makes the calls while the session is open
 
@@ -70,25 +71,45 @@ class Pipeline:
         session, on_stage = self.session, self.hooks.on_stage
         on_stage("writing the request table")
         finalize(session.run_dir, session.exported_timings())
-        run = RunDir.open(session.run_dir)  # finalized: opened once for status and analysis
-        rows = run.requests.select(["status", "end_ns"]).to_pylist()
-        death = session.engine_death
-        status = RunStatus.of(
-            rows,
-            death=None if death is None else (death.at_ns, death.reason),
-            failure=failure or session.write_error,
-            planned=self.workload.planned,
-            ran=self.workload.workflows,
-        )
-        write_status(run.path, status, workload=asdict(self.workload))  # run.json: read after
+        job = self._trace_job()  # the traces written beside the analysis, figures and report
+        try:
+            run = RunDir.open(session.run_dir)  # finalized: opened once for status and analysis
+            rows = run.requests.select(["status", "end_ns"]).to_pylist()
+            death = session.engine_death
+            status = RunStatus.of(
+                rows,
+                death=None if death is None else (death.at_ns, death.reason),
+                failure=failure or session.write_error,
+                planned=self.workload.planned,
+                ran=self.workload.workflows,
+            )
+            write_status(run.path, status, workload=asdict(self.workload))  # run.json: read after
+            analysis = analyze_run(run)
+        except BaseException:
+            if job is not None:
+                job.cancel()
+            raise
         self.outcome = publish(
-            analyze_run(run),
+            analysis,
             session.tracking,
             self.workload,
             failure=failure,
             traces=session.cfg.tracking.traces,
             on_stage=on_stage,
             offline=session.offline,
+            trace_job=job,
+        )
+
+    def _trace_job(self) -> TraceJob | None:
+        """The finalized run's traces started in a child process now (publish stops it where
+        the run is not logged after all); None where there is no MLflow run to write to."""
+        session, tracking = self.session, self.session.tracking
+        if not session.cfg.tracking.traces or tracking is None or not tracking.run_id:
+            return None
+        if session.offline is not None:
+            return None
+        return TraceJob.start(
+            session.run_dir, tracking.tracking_uri, tracking.experiment_id, tracking.run_id
         )
 
 
