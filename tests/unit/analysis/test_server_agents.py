@@ -3,10 +3,13 @@
 import json
 import re
 
+import pyarrow as pa
 import pytest
 from helpers import ROOT, SGLANG_FIXTURES
 
+from kvscope.analysis.run import named_samples
 from kvscope.analysis.server_agents import per_agent_server
+from kvscope.analysis.time_split import histogram_sums
 from kvscope.engines.detect import parse_metrics
 from kvscope.engines.sglang import SglangEngine
 from kvscope.engines.vllm import VllmEngine
@@ -98,3 +101,22 @@ def test_a_series_without_a_known_value_is_unknown_not_zero() -> None:
         _row(2, "cached_tokens_total", "sglang:cached_tokens_total", "worker", 10.0),
     ]
     assert per_agent_server(rows)["worker"]["prompt_tokens"] is None
+
+
+def test_the_named_samples_give_the_same_views_as_every_row() -> None:
+    """analyze_run hands the analyses only the rows kvscope names and the run's first sample
+    (a 100k-call run: 250k rows of 3.4 M): the same per-agent view and time split, also where
+    the first scrape has only unnamed samples (a counter first seen later starts at 0 there)."""
+    before, after = [(SGLANG_FIXTURES / name).read_text() for name in SCRAPES]
+    rows = series_rows(SglangEngine, [before, after])
+    unnamed_first = {"timestamp_ns": -5, "metric_name": "process_cpu_seconds_total",
+                     "labels": "{}", "value": 1.0, "kvscope_name": None}  # fmt: skip
+    for every in (rows, [unnamed_first, *rows]):
+        table = pa.Table.from_pylist(every)
+        named = named_samples(table)
+        assert len(named) < len(every)
+        assert min(r["timestamp_ns"] for r in named) == min(r["timestamp_ns"] for r in every)
+        assert per_agent_server(named) == per_agent_server(every)
+        assert histogram_sums(named) == histogram_sums(every)
+    shifted = per_agent_server([unnamed_first, *rows])  # from -5: every counter's own first value
+    assert shifted != per_agent_server(rows)
