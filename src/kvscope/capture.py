@@ -149,7 +149,9 @@ class CaptureSession:
     def intercept(self) -> Interceptor:
         """Capture this process's calls to the engine while the returned context is entered."""
         assert self._streams is not None and self.base_url is not None
-        return Interceptor(self.wire, self.base_url, self.context, on_tool=self._streams.tool)
+        streams = self._streams
+        return Interceptor(self.wire, self.base_url, self.context, on_tool=streams.tool,
+                           on_error=streams.invocation_error)  # fmt: skip
 
     def child_env(self) -> dict[str, str]:
         """Environment additions that make a Python program capture its calls into this session

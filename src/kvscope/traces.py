@@ -12,7 +12,9 @@ One trace per graph invocation (workflow_run_id), linked to the kvscope MLflow r
 A call outside any graph (workflow_run_id None) is a trace of its own: one LLM span named `llm`.
 The LLM span's attributes are probe/span_attributes.py's (design note, gen_ai.*, kv.*), from the
 finalized table, so provenance is on them. A failed call's span has status ERROR with its error;
-so has the root of an invocation with a failed call.
+so has the root of an invocation with a failed call, or that raised (invocations.jsonl: the
+probe's RunTracker saw the graph's root run end with an exception; the root then ends no earlier
+than that).
 
 A tool run joins a visit of its graph node's top-level segment: the one it ran within, else the
 next one, else the last one before it; a tool of no visited node is a child of the root.
@@ -45,6 +47,7 @@ from mlflow.entities import LiveSpan, SpanStatus, SpanStatusCode, SpanType
 
 from kvscope.probe.span_attributes import TOKEN_USAGE_KEY, llm_attributes, token_usage
 from kvscope.records.base import Row
+from kvscope.records.invocations import InvocationError, load_invocation_errors
 from kvscope.records.payloads import CallPayload, load_payloads
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.tools import ToolCall, load_tools
@@ -92,7 +95,8 @@ def write_traces(
     does). `on_planned` hears how many traces kvscope writes before the first is written."""
     with _gc_paused():
         rows = requests.to_pylist()
-        plans = plan_traces(rows, load_tools(run_dir), load_payloads(run_dir))
+        plans = plan_traces(rows, load_tools(run_dir), load_payloads(run_dir),
+                            load_invocation_errors(run_dir))  # fmt: skip
         on_planned(len(plans))
         fluent = write_bulk(plans, client.tracking_uri, experiment_id, run_id) if bulk else plans
         pace = Pace()
@@ -118,9 +122,14 @@ def _gc_paused() -> Iterator[None]:
 
 
 def plan_traces(
-    rows: Sequence[Row], tools: Iterable[ToolCall], payloads: Mapping[str, CallPayload]
+    rows: Sequence[Row],
+    tools: Iterable[ToolCall],
+    payloads: Mapping[str, CallPayload],
+    raised: Mapping[str, InvocationError] | None = None,
 ) -> list[TracePlan]:
-    """The traces kvscope writes for these rows (not the app-traced invocations), in time order."""
+    """The traces kvscope writes for these rows (not the app-traced invocations), in time order;
+    `raised`: the invocations that raised, by workflow_run_id."""
+    raised = raised or {}
     rows = sorted(rows, key=lambda r: (r["start_ns"], r["request_uuid"]))
     by_run: dict[str | None, list[Row]] = {}
     for r in rows:
@@ -134,7 +143,7 @@ def plan_traces(
         if any(r.get("mlflow_trace_id") for r in calls):
             continue  # the app traced this invocation
         assert run_id is not None
-        plans.append(_invocation(calls, tools_by_run.get(run_id, []), payloads))
+        plans.append(_invocation(calls, tools_by_run.get(run_id, []), payloads, raised.get(run_id)))
     return sorted(plans, key=lambda p: p.root.start_ns)
 
 
@@ -145,7 +154,10 @@ def _lone_call(row: Row, payloads: Mapping[str, CallPayload]) -> TracePlan:
 
 
 def _invocation(
-    calls: list[Row], tools: list[ToolCall], payloads: Mapping[str, CallPayload]
+    calls: list[Row],
+    tools: list[ToolCall],
+    payloads: Mapping[str, CallPayload],
+    raised: InvocationError | None = None,
 ) -> TracePlan:
     first = calls[0]
     ids = _known(
@@ -162,6 +174,10 @@ def _invocation(
     start = min(c.start_ns for c in children)
     end = max(c.end_ns for c in children)
     failed = [r for r in calls if r["status"] != STATUS_OK]
+    errors = [f"{len(failed)} of {len(calls)} calls failed"] if failed else []
+    if raised is not None:
+        end = max(end, raised.end_ns)
+        errors.insert(0, raised.description)
     root = SpanPlan(
         name=str(first["workflow_type"] or "workflow"),
         span_type=SpanType.WORKFLOW,
@@ -171,7 +187,7 @@ def _invocation(
         inputs=_known(
             {"thread_id": first["thread_id"], "workflow_run_id": first["workflow_run_id"]}
         ),
-        error=f"{len(failed)} of {len(calls)} calls failed" if failed else None,
+        error="; ".join(errors) or None,
         children=children,
     )
     tags = {k: str(v) for k, v in ids.items() if k in ("benchmark.run_id", "workflow.run_id")}

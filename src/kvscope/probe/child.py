@@ -121,7 +121,8 @@ def attach(spec_path: str) -> None:
     ids = chat is not None or engine.gives_prompt_ids()
     streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=_mark(run_dir))
     ctx = streams.context(spec.run, chat, spec.store_prompts, spec.eviction_hints)
-    Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool).__enter__()  # process-long
+    Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool,
+                on_error=streams.invocation_error).__enter__()  # process-long  # fmt: skip
     # a forked worker (multiprocessing) writes part files of its own pid
     os.register_at_fork(after_in_child=lambda: streams.reopen(_mark(run_dir)))
     atexit.register(streams.close)

@@ -30,6 +30,7 @@ from kvscope.probe import run_tracker
 from kvscope.probe.identity import identify
 from kvscope.probe.measure import HTTPX_LIBS, loads
 from kvscope.probe.wire import CallContext, InFlight
+from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ class Interceptor:
         base_url: str,
         ctx: CallContext,
         on_tool: Callable[[ToolCall], None] | None = None,
+        on_error: Callable[[InvocationError], None] | None = None,
     ) -> None:
-        self.engine, self.ctx, self.on_tool = engine, ctx, on_tool
+        self.engine, self.ctx, self.on_tool, self.on_error = engine, ctx, on_tool, on_error
         self.base = base_url.rstrip("/")
         if self.base.endswith("/v1"):
             self.base = self.base[: -len("/v1")]
@@ -76,7 +78,7 @@ class Interceptor:
     def __enter__(self) -> "Interceptor":
         with _LOCK:
             if self._depth == 0:
-                run_tracker.activate(self.on_tool)
+                run_tracker.activate(self.on_tool, self.on_error)
                 _ACTIVE.append(self)
                 _install()
             self._depth += 1

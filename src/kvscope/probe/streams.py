@@ -25,13 +25,15 @@ from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records.base import ArrowWriter, JsonlWriter, compact
+from kvscope.records.invocations import INVOCATIONS_JSONL, InvocationError
 from kvscope.records.payloads import PAYLOADS_JSONL, CallPayload
 from kvscope.records.prompt_columns import PROMPT_COLUMNS_JSONL, PromptColumns
 from kvscope.records.requests import REQUESTS_JSONL, RequestRecord
 from kvscope.records.tokens import TOKENS_ARROW, TOKENS_SCHEMA, PromptTokenIds
 from kvscope.records.tools import TOOLS_JSONL, ToolCall
 
-STREAMS = (REQUESTS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL, PROMPT_COLUMNS_JSONL)  # JSON lines
+# JSON lines
+STREAMS = (REQUESTS_JSONL, TOOLS_JSONL, PAYLOADS_JSONL, PROMPT_COLUMNS_JSONL, INVOCATIONS_JSONL)
 Writer = JsonlWriter[Any] | ArrowWriter[Any]
 
 
@@ -50,6 +52,9 @@ class CallStreams:
         run_dir, self.part = self.run_dir, part
         self.requests: JsonlWriter[RequestRecord] = JsonlWriter(run_dir / (REQUESTS_JSONL + part))
         self.tools: JsonlWriter[ToolCall] = JsonlWriter(run_dir / (TOOLS_JSONL + part))
+        self.invocations: JsonlWriter[InvocationError] = JsonlWriter(
+            run_dir / (INVOCATIONS_JSONL + part)
+        )
         self.tokens: ArrowWriter[PromptTokenIds] | None = (
             token_writer(run_dir / (TOKENS_ARROW + part)) if self.has_tokens else None
         )
@@ -100,6 +105,10 @@ class CallStreams:
         if self.prompt_columns is not None:
             self._append(self.prompt_columns, record)
 
+    def invocation_error(self, error: InvocationError) -> None:
+        """A graph invocation that raised (its trace's root: status ERROR)."""
+        self._append(self.invocations, error)
+
     def tool(self, call: ToolCall) -> None:
         self._append(self.tools, call if self.has_payloads else call.without_text())
 
@@ -116,7 +125,8 @@ class CallStreams:
             raise
 
     def writers(self) -> list[Writer]:
-        writers = (self.requests, self.tools, self.tokens, self.prompt_columns, self.payloads)
+        writers = (self.requests, self.tools, self.invocations, self.tokens, self.prompt_columns,
+                   self.payloads)  # fmt: skip
         return [w for w in writers if w]
 
     def close(self) -> None:
