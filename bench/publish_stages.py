@@ -79,8 +79,8 @@ def publish_run(folder: str, early: bool = False) -> None:
     inside: dict[str, float] = {}
     start, watching = TraceJob.start, []
 
-    def started(*args: Any) -> TraceJob | None:
-        job = start(*args)
+    def started(*args: Any, **kwargs: Any) -> TraceJob | None:
+        job = start(*args, **kwargs)
         if job is not None:
             watching.append(threading.Thread(target=watch, args=(job.process, inside)))
             watching[-1].start()
@@ -98,12 +98,15 @@ def publish_run(folder: str, early: bool = False) -> None:
         return done
 
     TraceJob.wait = waited  # type: ignore[method-assign]
-    done = finalize(run_dir)
-    stage("finalize (tables)")
     job = None
-    if early:  # the trace writer started on the finalized tables, beside the analysis
+    if early:  # as the pipeline does: the trace writer started (its imports) beside finalize,
+        # told to go on the finalized tables, beside the analysis
         job = TraceJob.start(run_dir, tracking.tracking_uri, tracking.experiment_id,
-                             tracking.run_id or "")  # fmt: skip
+                             tracking.run_id or "", go=False)  # fmt: skip
+    done = finalize(run_dir)
+    if job is not None:
+        job.go()
+    stage("finalize (tables)")
     analysis = analyze_run(run_dir)
     stage("analysis")
     _timed(traces, "plan_traces", inside, "plan (here, no child)")

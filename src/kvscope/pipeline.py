@@ -70,9 +70,11 @@ class Pipeline:
         """The closed session's run directory -> tables, status, analysis, report, MLflow."""
         session, on_stage = self.session, self.hooks.on_stage
         on_stage("writing the request table")
-        finalize(session.run_dir, session.exported_timings())
-        job = self._trace_job()  # the traces written beside the analysis, figures and report
-        try:
+        job = self._trace_job()  # the traces: its imports beside finalize, then the writing
+        try:  # beside the analysis, figures and report
+            finalize(session.run_dir, session.exported_timings())
+            if job is not None:
+                job.go()
             run = RunDir.open(session.run_dir)  # finalized: opened once for status and analysis
             rows = run.requests.select(["status", "end_ns"]).to_pylist()
             death = session.engine_death
@@ -101,15 +103,20 @@ class Pipeline:
         )
 
     def _trace_job(self) -> TraceJob | None:
-        """The finalized run's traces started in a child process now (publish stops it where
-        the run is not logged after all); None where there is no MLflow run to write to."""
+        """The run's trace writer started in a child process now, told to go once the table is
+        finalized (publish stops it where the run is not logged after all); None where there is
+        no MLflow run to write to."""
         session, tracking = self.session, self.session.tracking
         if not session.cfg.tracking.traces or tracking is None or not tracking.run_id:
             return None
         if session.offline is not None:
             return None
         return TraceJob.start(
-            session.run_dir, tracking.tracking_uri, tracking.experiment_id, tracking.run_id
+            session.run_dir,
+            tracking.tracking_uri,
+            tracking.experiment_id,
+            tracking.run_id,
+            go=False,
         )
 
 

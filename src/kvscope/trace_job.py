@@ -1,6 +1,7 @@
 """A run's MLflow traces written by a child process while publish renders the run's files.
 
     job = TraceJob.start(run_dir, tracking_uri, experiment_id, run_id)   # None: not started
+    job = TraceJob.start(..., go=False); finalize(...); job.go()    # imports paid meanwhile
     ...                                       # summary.json, figures, report.html meanwhile
     done = job.wait()                         # TraceWrite; None: write them in this process
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RESULT = ".traces.json"  # in the run directory while the job runs: its TraceWrite
 PLANNED = ".traces.planned"  # written before the first trace: how many it was to write
+GO = b"go\n"  # the parent's word on the child's stdin: the finalized table is written
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,14 @@ class TraceJob:
 
     @classmethod
     def start(
-        cls, run_dir: Path, tracking_uri: str, experiment_id: str, run_id: str
+        cls, run_dir: Path, tracking_uri: str, experiment_id: str, run_id: str, go: bool = True
     ) -> "TraceJob | None":
         """The child started on the run directory's finalized table; None where it cannot be.
         MLflow's trace queue in this process is drained first (an app's own traces: in the
-        store before the child links them, and no writer of this process beside the child's)."""
+        store before the child links them, and no writer of this process beside the child's).
+        `go=False`: the child imports what it needs (MLflow: ~2-3 s) and waits for `go()`
+        before it reads the table (the table being written meanwhile); never told, it exits
+        having written nothing."""
         import mlflow
 
         mlflow.flush_trace_async_logging()
@@ -59,12 +64,24 @@ class TraceJob:
         # never a profiled program's process: no probe attached at its start (probe/child.py)
         env = {k: v for k, v in os.environ.items() if k != CAPTURE_ENV}
         try:
-            process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       env=env)  # fmt: skip
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, env=env)  # fmt: skip
         except OSError as err:
             log.warning("MLflow traces: no child process (%s); writing them here", err)
             return None
-        return cls(process, run_dir)
+        job = cls(process, run_dir)
+        if go:
+            job.go()
+        return job
+
+    def go(self) -> None:
+        """Tell the child the table is there: it writes the traces now."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(GO)
+            self.process.stdin.flush()
+        except OSError:  # the child is gone already: wait() says what it left
+            pass
 
     def cancel(self) -> None:
         """Stop the child (publish failed before it waited for it)."""
@@ -109,6 +126,8 @@ def main(argv: list[str]) -> int:
     from kvscope.traces import write_traces
 
     run_dir, uri, experiment_id, run_id = Path(argv[0]), argv[1], argv[2], argv[3]
+    if sys.stdin.buffer.readline() != GO:  # never told: the parent went on without traces
+        return 0
     mlflow.set_tracking_uri(uri)  # the fluent writer's traces, where any
     table = RunDir.open(run_dir).requests
 

@@ -82,7 +82,7 @@ def test_the_child_is_never_a_profiled_programs_process(
 
     monkeypatch.setenv(CAPTURE_ENV, str(tmp_path / "capture.json"))
     monkeypatch.setattr(kvscope.trace_job.subprocess, "Popen", Started)
-    assert TraceJob.start(tmp_path, "sqlite:///x.db", "1", "r") is not None
+    assert TraceJob.start(tmp_path, "sqlite:///x.db", "1", "r", go=False) is not None
     assert CAPTURE_ENV not in seen["env"] and seen["env"]["PATH"] == os.environ["PATH"]
 
 
@@ -100,3 +100,27 @@ def test_a_job_started_before_the_analysis_is_the_one_publish_waits_for(
     outcome = publish(analyze_run(run_dir), run, WorkloadOutcome(), trace_job=job)
     assert outcome.audit is not None and outcome.audit.written == outcome.audit.expected == 2
     assert job.process.returncode == 0
+
+
+def test_a_job_started_before_finalize_writes_once_told(
+    store: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipeline's order: the child started (its imports) before the table is written, told
+    to go once it is; a child never told writes nothing and publish writes the traces itself."""
+    run_dir = store / "told"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded-runs" / RUN, run_dir)
+    run = open_run(store, "told")
+    job = TraceJob.start(run_dir, run.tracking_uri, run.experiment_id, run.run_id or "", go=False)
+    assert job is not None
+    finalize(run_dir)
+    job.go()
+    monkeypatch.setattr(TraceJob, "start", None)  # no second one
+    outcome = publish(analyze_run(run_dir), run, WorkloadOutcome(), trace_job=job)
+    assert outcome.audit is not None and outcome.audit.written == outcome.audit.expected == 2
+
+    monkeypatch.undo()
+    untold = TraceJob.start(run_dir, run.tracking_uri, run.experiment_id, "r2", go=False)
+    assert untold is not None
+    assert untold.wait() is None  # exited at its stdin's end, nothing written: the caller writes
+    assert untold.process.returncode == 0
