@@ -60,11 +60,14 @@ def replay_document(
     source_path: Path,
     plan: Plan,
     on_step: Callable[[str, int], None] = lambda _p, _c: None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run every policy x capacity of `plan` over the loaded source: the document replay.json
-    holds (report.replay_section describes it). `on_step(policy, capacity)` after each."""
+    holds (report.replay_section describes it). `on_step(policy, capacity)` after each (in
+    completion order when parallel). `jobs`: processes the cells run on (sim.grid: the same
+    document whatever the number; 1 runs them here, one after another)."""
     fit = fitted_cost(source)
-    outcome = run_plan(source, plan, fit["ms_per_token"] if fit else None, on_step)
+    outcome = run_plan(source, plan, fit["ms_per_token"] if fit else None, on_step, jobs)
     notes = [*source.notes, *plan.notes]
     notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
     return {

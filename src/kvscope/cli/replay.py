@@ -40,9 +40,10 @@ PROGRESS_AFTER = 2_000  # requests x replays above which a progress bar is shown
 def replay_with_progress(
     source: Source, source_path: Path, policy: str | None, capacity_tokens: str | None,
     tier: dict[str, Any] | None = None, cache_outputs: bool | None = None,
-    in_request: str | None = None,
+    in_request: str | None = None, jobs: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """replaying.replay_document over every policy x capacity, with a progress bar when long."""
+    """replaying.replay_document over every policy x capacity on `jobs` processes, with a
+    progress bar (advanced as each cell finishes) when long."""
     from kvscope.replaying import plan_of, replay_document
 
     plan = plan_of(source, policy, capacity_tokens, tier, cache_outputs, in_request)
@@ -54,7 +55,7 @@ def replay_with_progress(
         task = bar.add_task("", total=steps)
         return replay_document(
             source, source_path, plan,
-            lambda p, c: bar.update(task, advance=1, description=f"{p} @ {c:,}"),
+            lambda p, c: bar.update(task, advance=1, description=f"{p} @ {c:,}"), jobs,
         )  # fmt: skip
 
 
@@ -132,6 +133,14 @@ def replay(
             "semantics only)."
         ),
     ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes the policy x capacity cells run on (default: the CPU count; 1: one "
+            "after another in this process). Forked: each shares the loaded trace.",
+            show_default=False,
+        ),
+    ] = None,
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
     live: Annotated[
         bool,
@@ -170,9 +179,9 @@ def replay(
     if live:
         from kvscope.cli.replay_live import replay_live
 
-        if cache_outputs is not None or in_request_order is not None:
+        if cache_outputs is not None or in_request_order is not None or jobs is not None:
             raise KvscopeError(
-                "--cache-outputs / --prompt-only / --in-request-order: not with --live "
+                "--cache-outputs / --prompt-only / --in-request-order / --jobs: not with --live "
                 "(the engine caches as it does)"
             )
 
@@ -202,9 +211,14 @@ def replay(
     if to_tokens is not None and loaded.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
+    from kvscope.sim.grid import default_jobs
+
+    if jobs is not None and jobs < 1:
+        raise KvscopeError(f"--jobs must be at least 1, got {jobs}")
     doc = replay_with_progress(
-        loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order
-    )
+        loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order,
+        jobs or default_jobs(),
+    )  # fmt: skip
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:

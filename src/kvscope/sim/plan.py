@@ -30,8 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from kvscope.errors import KvscopeError
+from kvscope.sim.grid import run_cells
 from kvscope.sim.hints import HINT_POLICIES, check_hints
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.results.fidelity import Fidelity, fidelity
@@ -242,34 +244,51 @@ def run_plan(
     plan: Plan,
     ms_per_token: float | None = None,
     on_done: Callable[[str, int], None] = lambda _p, _c: None,
+    jobs: int = 1,
 ) -> Outcome:
-    """Every policy at every capacity (on_done after each), plus the fidelity replay."""
+    """Every policy at every capacity (on_done after each), plus the fidelity replay. `jobs` > 1:
+    the cells run on that many forked processes (sim.grid.run_cells: the same results in the
+    same order, the same errors); 1: one after another, in this process."""
     trace = source.trace
-    kwargs = {"engine": plan.engine} if plan.engine else {}
-    tier = {"host_blocks": plan.host_blocks, "prefetch": plan.prefetch} if plan.host_blocks else {}
-    caching = {"cache_outputs": plan.cache_outputs, "in_request": plan.in_request}
-    summaries, found = [], None
+    cells = [(policy, cap) for policy in plan.policies for cap in plan.capacities]
+    done = run_cells(partial(run_cell, source, plan, ms_per_token), cells, jobs, on_done)
+    summaries = [summary for summary, _ in done]
+    found = None
+    for _, cell_fidelity in done:  # the last matching cell's, as the sequential loop kept
+        found = cell_fidelity if cell_fidelity is not None else found
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
-    for policy in plan.policies:
-        engine = plan.engine or ("sglang" if policy in HINT_POLICIES else None)
-        semantics = {"engine": engine} if engine else {}
-        for cap in plan.capacities:
-            blocks = cap // trace.block_size
-            result = simulate(trace, policy, blocks, **semantics, **tier, **caching)
-            summary = summarize(trace, result, ms_per_token, plan.load_ms_per_block)
-            summaries.append(replace(summary, requested_capacity_tokens=cap))
-            if (
-                not tier
-                and plan.cache_outputs
-                and plan.in_request == IN_REQUEST[0]
-                and policy == own
-                and run_cap is not None
-                and cap // trace.block_size == (run_cap // trace.block_size)
-            ):
-                found = fidelity(source, result)
-            on_done(policy, cap)
     if found is None and own in POLICIES and run_cap is not None and source.kind == "run":
+        kwargs = {"engine": plan.engine} if plan.engine else {}
         result = simulate(trace, own, run_cap // trace.block_size, **kwargs)
         found = fidelity(source, result)
     return Outcome(summaries, found)
+
+
+def run_cell(
+    source: Source, plan: Plan, ms_per_token: float | None, policy: str, cap: int
+) -> tuple[Summary, Fidelity | None]:
+    """`policy` at `cap` tokens under `plan`'s semantics: its summary, and the fidelity replay
+    when this cell is the engine's own replay (its policy at the run's capacity, no host tier,
+    the engine's caching and order), else None."""
+    trace = source.trace
+    tier = {"host_blocks": plan.host_blocks, "prefetch": plan.prefetch} if plan.host_blocks else {}
+    caching = {"cache_outputs": plan.cache_outputs, "in_request": plan.in_request}
+    engine = plan.engine or ("sglang" if policy in HINT_POLICIES else None)
+    semantics = {"engine": engine} if engine else {}
+    blocks = cap // trace.block_size
+    result = simulate(trace, policy, blocks, **semantics, **tier, **caching)
+    summary = summarize(trace, result, ms_per_token, plan.load_ms_per_block)
+    own = source.policy if source.kind == "run" else None
+    run_cap = trace.capacity_tokens
+    found = None
+    if (
+        not tier
+        and plan.cache_outputs
+        and plan.in_request == IN_REQUEST[0]
+        and policy == own
+        and run_cap is not None
+        and blocks == run_cap // trace.block_size
+    ):
+        found = fidelity(source, result)
+    return replace(summary, requested_capacity_tokens=cap), found
