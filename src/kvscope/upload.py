@@ -80,10 +80,25 @@ def _earlier(
 
 
 def _delete(client: MlflowClient, experiment_id: str, run_id: str) -> None:
-    """A cut-off MLflow run and the traces linked to it."""
-    traces = client.search_traces(locations=[experiment_id], run_id=run_id,
-                                  include_spans=False, max_results=10_000)  # fmt: skip
-    ids = [t.info.trace_id for t in traces]
-    if ids:
-        client.delete_traces(experiment_id, trace_ids=ids)
+    """A cut-off MLflow run and every trace linked to it (found page by page, all of them
+    before any is deleted: deleting would shift the pages; then deleted PAGE at a time)."""
+    ids: list[str] = []
+    token: str | None = None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id],
+            run_id=run_id,
+            include_spans=False,
+            max_results=PAGE,
+            page_token=token,
+        )
+        ids += [t.info.trace_id for t in page]
+        token = page.token
+        if not token:
+            break
+    for i in range(0, len(ids), PAGE):
+        client.delete_traces(experiment_id, trace_ids=ids[i : i + PAGE])
     client.delete_run(run_id)
+
+
+PAGE = 100  # traces found or deleted per MLflow call

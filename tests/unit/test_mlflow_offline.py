@@ -15,6 +15,7 @@ from helpers import ROOT, free_port
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
+from kvscope import upload as upload_module
 from kvscope.analysis.run import analyze_run
 from kvscope.cli import app
 from kvscope.finalize import finalize
@@ -102,6 +103,24 @@ def test_log_uploads_a_run_once(run_dir: Path) -> None:
     again = CliRunner().invoke(app, ["log", str(run_dir)])
     assert again.exit_code == 0 and "already logged" in again.output
     assert len(runs_of(run_dir)) == 1
+
+
+def test_a_cut_off_upload_is_replaced_with_every_trace_it_had(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The traces of a run cut off mid-upload are all deleted, however many pages they fill
+    (the search once stopped at 10,000: a larger run's upload left the rest behind)."""
+    first = upload(run_dir)
+    client = MlflowClient(local_store_uri(run_dir.parent))
+    [run] = runs_of(run_dir)
+    exp = run.info.experiment_id
+    assert len(client.search_traces(locations=[exp], run_id=first.run_id)) == 2
+    client.set_tag(first.run_id, "kvscope.logged", "false")  # as if cut off before the end
+    monkeypatch.setattr(upload_module, "PAGE", 1)  # two traces: two pages
+    done = upload(run_dir)
+    assert done.replaced == 1 and done.run_id != first.run_id
+    assert client.search_traces(locations=[exp], run_id=first.run_id) == []
+    assert len(client.search_traces(locations=[exp], run_id=done.run_id)) == 2
 
 
 def test_log_replaces_an_upload_that_was_cut_off(run_dir: Path) -> None:
