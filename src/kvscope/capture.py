@@ -18,6 +18,8 @@ The run is local-first: an MLflow tracking server that does not answer at open (
 seconds, before the engine starts) or that fails to open the run leaves `tracking` None with
 `offline` saying why (one warning line); everything is still measured and written to the run
 directory, and `kvscope log RUN` uploads it later (run.json keeps the MLflow params for it).
+The MLflow run opens with the session where the process has MLflow loaded, else at its close
+or when a program needs it (`child_env`), started at the session's start (session_run.py).
 
 An app's own calls are captured with `session.intercept()` (probe/intercept.py: every call the
 process makes to the engine, through the OpenAI SDK, ChatOpenAI or httpx, is a row); a program
@@ -31,11 +33,10 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
-from mlflow.exceptions import MlflowException
 
 from kvscope import environment
 from kvscope.collect.kv_events import KvEventListener
@@ -49,16 +50,17 @@ from kvscope.engines.watch import EngineDeath, EngineWatch
 from kvscope.errors import EngineError, WriteError
 from kvscope.probe import child
 from kvscope.probe.intercept import Interceptor
+from kvscope.probe.mlflow_store import local_store_uri, unreachable
 from kvscope.probe.params import mlflow_params
 from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.probe.tracing import TrackingRun, local_store_uri, unreachable
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records import prompt_columns
 from kvscope.records import run_dir as files
 from kvscope.records.kv_events import KV_EVENTS_ARROW, KV_SUMMARY
 from kvscope.records.metrics import METRICS_JSONL, METRICS_PARQUET, labelled
 from kvscope.records.requests import RequestRecord
+from kvscope.session_run import SessionRun
 from kvscope.target import (
     Cache,
     Target,
@@ -67,6 +69,9 @@ from kvscope.target import (
     opening,
     router_samples,
 )
+
+if TYPE_CHECKING:
+    from kvscope.probe.tracing import TrackingRun
 
 
 def _warn(message: str) -> None:
@@ -95,8 +100,8 @@ class CaptureSession:
         self.engine: Engine = make_engine(cfg.engine)
         # whose request tags and cache reset the calls use: an attached server's detected family
         self.wire: Engine = self.engine
-        self.tracking: TrackingRun | None = None  # set once the MLflow run is open
-        self.offline: str | None = None  # why there is no MLflow run (the run is kept locally)
+        self.mlflow = SessionRun(cfg, self.run_id, self.engine.name, self.hooks.on_stage,
+                                 self.hooks.on_warning)  # fmt: skip
         self._measuring = False
         self._stack = ExitStack()
         self._streams: CallStreams | None = None
@@ -109,6 +114,16 @@ class CaptureSession:
         self._watches: dict[str | None, EngineWatch] = {}  # each replica's, and "router"
         self._router_start: list[dict[str, Any]] | None = None
         self._closed = False
+
+    @property
+    def tracking(self) -> "TrackingRun | None":
+        """The run's MLflow run, once open (session_run.py: at open or at close)."""
+        return self.mlflow.tracking
+
+    @property
+    def offline(self) -> str | None:
+        """Why the run has no MLflow run (it is kept locally; `kvscope log RUN` uploads it)."""
+        return self.mlflow.offline
 
     @property
     def measuring(self) -> bool:
@@ -157,6 +172,7 @@ class CaptureSession:
         """Environment additions that make a Python program capture its calls into this session
         (probe/child.py) and find the engine (OPENAI_BASE_URL, OPENAI_API_KEY, KVSCOPE_MODEL)."""
         assert self.base_url is not None and self.model is not None
+        self.mlflow.ensure()  # its traces (autolog) go to the run's experiment
         model_dir = self.engine.model_facts().get("path")
         spec = child.ChildSpec.of(
             self.context, self.cfg, self.wire.config, self.run_dir, self.base_url, model_dir
@@ -179,7 +195,9 @@ class CaptureSession:
         cfg, run_dir, stage = self.cfg, self.run_dir, self.hooks.on_stage
         uri = cfg.tracking.tracking_uri or local_store_uri(cfg.runs_dir)
         if problem := unreachable(uri):  # before the engine: in seconds, not minutes of retries
-            self._go_offline(f"{problem}; the run is kept locally (kvscope log RUN uploads it)")
+            self.mlflow.go_offline(
+                f"{problem}; the run is kept locally (kvscope log RUN uploads it)"
+            )
         self.engine.install(lambda line: stage(f"installing {self.engine.name}: {line}"))
         stage(opening(cfg, self.engine))
         self._target = target = open_target(cfg, self.engine, run_dir, self._stack)
@@ -197,9 +215,7 @@ class CaptureSession:
         params = mlflow_params(cfg, caps.models[0], self.engine.version(), facts, env)
         self._write_run_json(target, env, cache_reset=self._cold_start(target), params=params)
         self._measuring = True
-        if self.offline is None:
-            stage("opening the MLflow run")
-            self._open_tracking(params)
+        self.mlflow.open(params)
         chat = _chat_tokenizer(self.engine)
         self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         ids = chat is not None or self.wire.gives_prompt_ids()
@@ -226,19 +242,9 @@ class CaptureSession:
     def _store_prompts(self) -> bool:
         return self.cfg.app.store_prompts if self.cfg.app else self.cfg.workload.store_prompts
 
-    def _open_tracking(self, params: dict[str, Any]) -> None:
-        tags = {"benchmark_run_id": self.run_id, "engine": self.engine.name}
-        try:
-            tracking = TrackingRun.open(self.cfg.tracking, self.cfg.runs_dir.resolve())
-            tracking.start(self.run_id, params, tags)
-        except MlflowException as err:
-            self._go_offline(f"MLflow could not open the run ({err}); kept locally")
-            return
-        self.tracking = tracking
-
-    def _go_offline(self, why: str) -> None:
-        self.offline = why
-        self.hooks.on_warning(why)
+    def log_params(self, params: dict[str, Any]) -> None:
+        """More MLflow params of the run."""
+        self.mlflow.log_params(params)
 
     def _on_row(self, record: RequestRecord) -> None:
         self.hooks.on_call()
@@ -281,6 +287,8 @@ class CaptureSession:
             for scraper in self._scrapers.values():
                 scraper.discard()  # its temporary folder, whether or not write() emptied it
             self._stack.close()  # the prompt-token stream, then the engine
+        if self._measuring:
+            self.mlflow.ensure()
         tokenized = prompt_columns.tokenized_on(self.run_dir)
         if tokenized:  # where calls were tokenized: "app" = the worker's queue was full
             self._record({"prompt_tokenization": tokenized})

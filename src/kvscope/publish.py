@@ -7,16 +7,17 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvscope.analysis.agents import AgentSummary
 from kvscope.analysis.run import RunAnalysis
-from kvscope.probe.tracing import TraceAudit, TrackingRun, unreachable
+from kvscope.probe.mlflow_store import TraceAudit, unreachable
 from kvscope.records import run_dir as files
-from kvscope.report import plots, timeline
-from kvscope.report.pages import write_run_report
 from kvscope.trace_job import TraceJob
-from kvscope.traces import TraceWrite, write_traces
+
+if TYPE_CHECKING:  # MLflow and matplotlib load where they are used: a profiled app's process
+    from kvscope.probe.tracing import TrackingRun  # imports this module before its calls
+    from kvscope.traces import TraceWrite
 
 LOGGED_TAG = "kvscope.logged"  # set last: an MLflow run without it was cut off mid-upload
 
@@ -66,6 +67,9 @@ class RunOutcome:
 
 def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda _: None) -> None:
     """summary.json, timeline.png, evictions.png and report.html in the run directory."""
+    from kvscope.report import plots, timeline
+    from kvscope.report.pages import write_run_report
+
     run_dir = analysis.run_dir
     (run_dir / files.SUMMARY_JSON).write_text(json.dumps(analysis.summary(), indent=2))
     rows = analysis.requests.to_pylist()
@@ -97,7 +101,7 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
 
 def publish(
     analysis: RunAnalysis,
-    tracking: TrackingRun | None,
+    tracking: "TrackingRun | None",
     workload: WorkloadOutcome,
     *,
     failure: BaseException | None = None,
@@ -153,7 +157,7 @@ def run_error(analysis: RunAnalysis, failure: BaseException | None) -> str | Non
 
 def log_run(
     analysis: RunAnalysis,
-    tracking: TrackingRun,
+    tracking: "TrackingRun",
     workload: WorkloadOutcome,
     *,
     traces: bool,
@@ -180,7 +184,7 @@ def log_run(
     return tracking.finish(expected, status="FINISHED" if error is None else "FAILED")
 
 
-def mlflow_record(run_dir: Path, tracking: TrackingRun | None, problem: str | None) -> None:
+def mlflow_record(run_dir: Path, tracking: "TrackingRun | None", problem: str | None) -> None:
     """run.json's `mlflow`: logged or not (and why), where."""
     run = files.read_run_json(run_dir)
     run["mlflow"] = {
@@ -193,12 +197,14 @@ def mlflow_record(run_dir: Path, tracking: TrackingRun | None, problem: str | No
 
 
 def write_run_traces(
-    analysis: RunAnalysis, tracking: TrackingRun, job: TraceJob | None = None
-) -> TraceWrite:
+    analysis: RunAnalysis, tracking: "TrackingRun", job: TraceJob | None = None
+) -> "TraceWrite":
     """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): what
     `job` wrote, else written here (no job, or one that wrote nothing)."""
     if job is not None and (done := job.wait()) is not None:
         return done
+    from kvscope.traces import write_traces
+
     return write_traces(
         analysis.run_dir,
         analysis.requests,

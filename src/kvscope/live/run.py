@@ -36,7 +36,6 @@ from kvscope.errors import KvscopeError
 from kvscope.live.calls import LiveCall
 from kvscope.live.pacing import Timing
 from kvscope.live.send import REQUEST_TIMEOUT_S, send_calls
-from kvscope.probe.tracing import truncate_param
 from kvscope.publish import RunOutcome, WorkloadOutcome
 from kvscope.records.run_dir import RUN_JSON, RunDir, read_run_json
 
@@ -200,11 +199,9 @@ def _mark(session: CaptureSession, source_path: Path, settings: dict[str, Any]) 
     info["replay_of"] = str(source_path)
     info["replay"] = settings
     (run_dir / RUN_JSON).write_text(json.dumps(info, indent=2, default=str))
-    tracking = session.tracking
-    if tracking is not None and tracking.run_id is not None:
-        params = {"replay_of": str(source_path)} | {f"replay_{k}": v for k, v in settings.items()}
-        for k, v in params.items():
-            tracking.client.log_param(tracking.run_id, k, truncate_param(str(v)))
+    session.log_params(
+        {"replay_of": str(source_path)} | {f"replay_{k}": v for k, v in settings.items()}
+    )
 
 
 def _source_name(path: Path) -> str:

@@ -23,11 +23,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import httpx
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import (
@@ -49,6 +47,8 @@ from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import aliased
 
 from kvscope.config import TrackingConfig
+from kvscope.probe.mlflow_store import TraceAudit, local_store_uri
+from kvscope.probe.mlflow_store import unreachable as unreachable  # re-exported: its old home
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +64,6 @@ SPAN_BATCH_SIZE = 50
 PARAM_VALUE_LIMIT = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
 TRUNCATED = " ...[truncated]"
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
-
-
-@dataclass(frozen=True)
-class TraceAudit:
-    """Traces expected (workflow runs) vs. traces the store holds complete for the run."""
-
-    expected: int
-    written: int
-    dropped: int  # expected - written, never negative
-    incomplete: int = 0  # linked to the run but with spans missing (counted in dropped)
 
 
 class UiCommand(NamedTuple):
@@ -124,14 +114,31 @@ class TrackingRun:
         mlflow.tracing.reset()
         return cls(client, uri, experiment_id)
 
-    def start(self, run_name: str, params: dict[str, object], tags: dict[str, str]) -> str:
-        """Start (and make active) the run; traces started from now on link to it."""
-        run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, tags=tags)
+    def start(
+        self,
+        run_name: str,
+        params: dict[str, object],
+        tags: dict[str, str],
+        start_time_ms: int | None = None,
+    ) -> str:
+        """Start (and make active) the run; traces started from now on link to it.
+        `start_time_ms`: when the run began, where that was earlier than now (a session that
+        opened its MLflow run at its close)."""
+        if start_time_ms is None:
+            run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, tags=tags)
+        else:
+            made = self.client.create_run(self.experiment_id, start_time_ms, tags, run_name)
+            run = mlflow.start_run(run_id=made.info.run_id)
         self.run_id = run.info.run_id
+        self.log_params(params)
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        """Params of the run, each value cut to MLflow's limit, 100 a batch."""
+        run_id = self._run()
         items = [Param(k, truncate_param(str(v))) for k, v in params.items()]
         for i in range(0, len(items), _PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + _PARAMS_PER_BATCH])
-        return self.run_id
+            self.client.log_batch(run_id, params=items[i : i + _PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float | None]) -> None:
         """Run-level summaries (logged once, step 0); an unmeasured (None) value is not logged."""
@@ -244,25 +251,6 @@ class TrackingRun:
             "--workers", "1",
         ]  # fmt: skip
         return UiCommand(argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-
-
-def unreachable(uri: str, timeout_s: float = 3.0) -> str | None:
-    """Why the MLflow tracking server at `uri` cannot be used now, or None. Only an HTTP(S)
-    server is checked (its /health, within `timeout_s`): MLflow's own client would retry a dead
-    server for minutes. A local store (sqlite:, file:, a path) always answers None."""
-    if not uri.startswith(("http://", "https://")):
-        return None
-    try:
-        reply = httpx.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
-    except httpx.HTTPError as err:
-        return f"MLflow at {uri} is unreachable ({type(err).__name__}: {err})".replace(" ()", "")
-    if reply.status_code != 200:
-        return f"MLflow at {uri} answered /health with HTTP {reply.status_code}"
-    return None
-
-
-def local_store_uri(runs_dir: Path) -> str:
-    return f"sqlite:///{runs_dir.resolve() / 'mlflow.db'}"
 
 
 def trace_complete(trace: Trace) -> bool:
