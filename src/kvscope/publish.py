@@ -72,7 +72,7 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
 
     run_dir = analysis.run_dir
     (run_dir / files.SUMMARY_JSON).write_text(json.dumps(analysis.summary(), indent=2))
-    rows = analysis.requests.to_pylist()
+    rows = timeline.call_rows(analysis.requests)
     if rows:
         timeline.plot(
             rows,

@@ -272,3 +272,29 @@ def test_rq6_says_where_the_call_overhead_sits(tmp_path: Path) -> None:
     assert "TTFT summed over 8 calls: the client&#39;s 3.5 s = the engine&#39;s 3.2 s" in html
     assert "+ 0.3 s on the client&#39;s side" in html
     assert "the engine counted 9 requests, the table has 8 measured calls" in html
+
+
+def test_a_large_runs_per_workflow_table_keeps_its_longest_critical_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvscope.report import run_sections as sections
+
+    slow = [r | {"end_ns": r["end_ns"] + 3000 * MS, "e2e_ms": 4000.0, "ttft_ms": 3000.0}
+            for r in workflow_rows("w1", HITS_W1, t0=10_000)]  # fmt: skip
+    run = analyze_run(make_run(tmp_path / "run-w", rows=workflow_rows("w0", HITS_W0) + slow))
+    paths = dict(zip(*run.workflows.select(["workflow_run_id", "critical_path_ms"]).to_pydict()
+                     .values(), strict=True))  # fmt: skip
+    assert paths["w0"] != paths["w1"]
+    longest = max(paths, key=lambda w: paths[w])
+
+    def per_workflow() -> Any:
+        latency = next(s for s in run_sections(run) if s.key == "latency")
+        return next(t for t in latency.tables if t.title.startswith("per workflow"))
+
+    whole = per_workflow()
+    assert whole.title == "per workflow: all calls and its critical path (ms)"
+    assert [r[0] for r in whole.rows] == ["w0", "w1"]
+    monkeypatch.setattr(sections, "WORKFLOW_ROWS", 1)
+    bounded = per_workflow()
+    assert bounded.title.startswith("per workflow: the 1 of 2 with the longest critical path")
+    assert [r[0] for r in bounded.rows] == [longest]
