@@ -29,7 +29,7 @@ head-first (vLLM semantics only: refused on SGLang's and for the hint policies),
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from kvscope.errors import KvscopeError
@@ -38,7 +38,14 @@ from kvscope.sim.hints import HINT_POLICIES, check_hints
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.results.fidelity import Fidelity, fidelity
 from kvscope.sim.results.summary import Summary, summarize
-from kvscope.sim.simulate import ENGINES, IN_REQUEST, POLICIES, RADIX_POLICIES, simulate
+from kvscope.sim.simulate import (
+    ENGINES,
+    IN_REQUEST,
+    POLICIES,
+    RADIX_POLICIES,
+    simulate,
+    sweep_lru,
+)
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
 AGENT_POLICIES = (
@@ -237,6 +244,7 @@ def hint_notes(source: Source, chosen: list[str], engine: str | None, host: int)
 class Outcome:
     summaries: list[Summary]  # policy-major, capacities in the plan's order
     fidelity: Fidelity | None  # engine's own policy at the run's capacity (run directories)
+    notes: list[str] = field(default_factory=list)  # how the cells were computed
 
 
 def run_plan(
@@ -250,11 +258,18 @@ def run_plan(
     the cells run on that many forked processes (sim.grid.run_cells: the same results in the
     same order, the same errors); 1: one after another, in this process."""
     trace = source.trace
-    cells = [(policy, cap) for policy in plan.policies for cap in plan.capacities]
+    swept, notes = lru_in_one_pass(source, plan, ms_per_token)
+    for cap in swept:
+        on_done("lru", cap)
+    every = [(p, c) for p in plan.policies for c in plan.capacities]
+    cells = [(p, c) for p, c in every if not (p == "lru" and c in swept)]
     done = run_cells(partial(run_cell, source, plan, ms_per_token), cells, jobs, on_done)
-    summaries = [summary for summary, _ in done]
+    by_cell = dict(zip(cells, done, strict=True))
+    by_cell.update({("lru", cap): (summary, None) for cap, summary in swept.items()})
+    in_order = [by_cell[cell] for cell in every]
+    summaries = [summary for summary, _ in in_order]
     found = None
-    for _, cell_fidelity in done:  # the last matching cell's, as the sequential loop kept
+    for _, cell_fidelity in in_order:  # the last matching cell's, as the sequential loop kept
         found = cell_fidelity if cell_fidelity is not None else found
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens
@@ -262,7 +277,41 @@ def run_plan(
         kwargs = {"engine": plan.engine} if plan.engine else {}
         result = simulate(trace, own, run_cap // trace.block_size, **kwargs)
         found = fidelity(source, result)
-    return Outcome(summaries, found)
+    return Outcome(summaries, found, notes)
+
+
+def lru_in_one_pass(
+    source: Source, plan: Plan, ms_per_token: float | None
+) -> tuple[dict[int, Summary], list[str]]:
+    """LRU's capacities that one pass over stack distances answers exactly (simulate.sweep_lru):
+    {capacity tokens: summary}, and a note saying which were and why the others were not."""
+    if "lru" not in plan.policies or plan.engine not in (None, "vllm") or plan.host_blocks:
+        return {}, []
+    bs = source.trace.block_size
+    results, why = sweep_lru(
+        source.trace,
+        [cap // bs for cap in plan.capacities],
+        cache_outputs=plan.cache_outputs,
+        in_request=plan.in_request,
+    )
+    swept = {
+        cap: replace(
+            summarize(source.trace, results[cap // bs], ms_per_token, plan.load_ms_per_block),
+            requested_capacity_tokens=cap,
+        )
+        for cap in plan.capacities
+        if cap // bs in results
+    }
+    notes = []
+    if swept:
+        notes.append(
+            f"lru at {len(swept)} capacit{'y' if len(swept) == 1 else 'ies'}: one pass over "
+            "LRU stack distances (method stack-distance; equal to simulating each)"
+        )
+    reasons = sorted({why[cap // bs] for cap in plan.capacities if cap // bs in why})
+    if reasons:
+        notes.append(f"lru simulated capacity by capacity: {'; '.join(reasons)}")
+    return swept, notes
 
 
 def run_cell(

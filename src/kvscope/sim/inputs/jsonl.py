@@ -81,6 +81,12 @@ def ids_of(path: Path, n: int, row: dict[str, Any], name: str, line: bytes) -> n
         arr = np.array(values)
     except (ValueError, OverflowError, TypeError):  # ragged lists
         return _checked(path, n, name, values)
+    if arr.dtype.kind == "f" and arr.ndim == 1 and set(map(type, values)) == {int}:
+        # ids beyond 2**63 (numpy infers float64, lossy): exact as uint64, checked whole
+        try:
+            return np.array(values, dtype=np.uint64)
+        except OverflowError:  # negative or beyond 64 bits: _checked names the id
+            return _checked(path, n, name, values)
     if arr.ndim != 1 or arr.dtype.kind not in "iu" or b"true" in line or b"false" in line:
         return _checked(path, n, name, values)
     if arr.dtype.kind == "i" and arr.min() < 0:

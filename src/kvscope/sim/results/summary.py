@@ -7,9 +7,11 @@ prompt_tokens, cached_tokens, hit_ratio, per_agent: {agent: {prompt_tokens, cach
 seconds, ...} plus capacity_blocks, requested_capacity_tokens (as asked, before rounding to
 whole blocks), caching ("cache-outputs" or "prompt-only": what the cache held, simulate's
 CACHING), in_request_order ("tail-first" or "head-first": which of a request's blocks is
-evicted first, simulate's IN_REQUEST), recompute_tokens, preempted, evictions, per_transition
-(same shape as per_agent), harm ([{evictor_agent, victim_agent, blocks, tokens}]: prompt tokens
-recomputed because the evictor agent's allocation evicted what the victim agent had stored) and
+evicted first, simulate's IN_REQUEST), method ("simulation", or "stack-distance": LRU's
+capacities computed in one pass where that is exact, caches/stack.py), recompute_tokens,
+preempted, evictions, per_transition (same shape as per_agent), harm ([{evictor_agent,
+victim_agent, blocks, tokens}]: prompt tokens recomputed because the evictor agent's allocation
+evicted what the victim agent had stored) and
 ttft_saved_ms; with a host tier also `tiers` (tiered.py: device / host / prefetched / missed
 tokens per agent, the load time). Recompute tokens are those neither hit nor loaded; host hits
 count in TTFT saved as prefill saved less their load time (null when no load cost was given).
@@ -60,6 +62,7 @@ class Summary:
     requested_capacity_tokens: int | None = None
     caching: str = "cache-outputs"  # what the cache held: SimResult.caching
     in_request: str = "tail-first"  # which of a request's blocks is evicted first: SimResult's
+    method: str = "simulation"  # how it was computed: SimResult's
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,7 @@ class Summary:
             "requested_capacity_tokens": self.requested_capacity_tokens,
             "caching": self.caching,
             "in_request_order": self.in_request,
+            "method": self.method,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -146,6 +150,7 @@ def summarize(
         tiers=tiers,
         caching=result.caching,
         in_request=result.in_request,
+        method=result.method,
     )
 
 
