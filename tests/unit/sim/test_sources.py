@@ -10,6 +10,7 @@ import pytest
 from helpers import ROOT
 
 from kvscope.errors import KvscopeError
+from kvscope.sim.inputs import jsonl
 from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
 from kvscope.sim.inputs.schedule import scheduled_start
 from kvscope.sim.inputs.sources import load_source
@@ -105,6 +106,24 @@ def test_a_mooncake_trace_keeps_the_ids_of_full_blocks_only(tmp_path: Path) -> N
     trace = load_source(write_jsonl(lines, tmp_path / "m.jsonl"), block_size=2).trace
     assert [list(trace.blocks_of(i)) for i in range(2)] == [[7, 8], [7, 8]]
     assert list(trace.start_s) == [0.0, 1.0] and list(trace.end_s) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4096])
+def test_lines_out_of_time_order_keep_their_keys(
+    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys are gathered a chunk of lines at a time; sorting by time keeps each line's own."""
+    monkeypatch.setattr(jsonl.KeyChunks, "CHUNK", chunk)
+    times = [5, 1, 3, 0, 4]
+    ids = [[1, 2, 3], [4], [], [5, 6], [1 << 63, 8, 9, 10]]
+    lines = [
+        {"timestamp": t, "input_length": 2 * len(h), "output_length": 1, "hash_ids": h}
+        for t, h in zip(times, ids, strict=True)
+    ]
+    trace = load_source(write_jsonl(lines, tmp_path / "m.jsonl"), block_size=2).trace
+    by_time = [ids[i] for i in np.argsort(times, kind="stable")]
+    assert [trace.blocks_of(i).tolist() for i in range(5)] == by_time
+    assert trace.keys.dtype == np.uint64 and trace.offsets.tolist() == [0, 2, 3, 3, 7, 10]
 
 
 @pytest.mark.parametrize(

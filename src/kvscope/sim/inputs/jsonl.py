@@ -149,7 +149,7 @@ class Rows:
         self.workflows.append(row.get("workflow"))
         self.previous.append(row.get("previous_agent", False))
 
-    def trace(self, source: Path, block_size: int, keys: list[np.ndarray]) -> Trace:
+    def trace(self, source: Path, block_size: int, keys: KeyChunks) -> Trace:
         if not self.ids:
             raise KvscopeError(f"{source} is empty: no requests to replay")
         order = np.argsort(np.array(self.start_ms), kind="stable")
@@ -161,10 +161,9 @@ class Rows:
             derived[j] if self.previous[i] is False else self.previous[i]
             for j, i in enumerate(pick)
         ]
-        counts = np.array([len(keys[i]) for i in pick], dtype=np.int64)
+        flat, counts = keys.sorted(order)
         offsets = np.zeros(len(pick) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        flat = [keys[i] for i in pick]
         return Trace(
             source=str(source),
             block_size=block_size,
@@ -173,12 +172,65 @@ class Rows:
             end_s=np.array([self.end_ms[i] for i in pick], dtype=np.float64) / 1e3,
             prompt_tokens=np.array([self.prompt[i] for i in pick], dtype=np.int64),
             output_tokens=np.array([self.output[i] for i in pick], dtype=np.int64),
-            keys=np.concatenate(flat).astype(np.uint64) if flat else np.zeros(0, np.uint64),
+            keys=flat,
             offsets=offsets,
             agents=tuple(self.agents[i] for i in pick),
             workflows=tuple(self.workflows[i] for i in pick),
             previous_agents=tuple(previous),  # type: ignore[arg-type]
         )
+
+
+class KeyChunks:
+    """Requests' block keys in file order, gathered a few thousand requests at a time into
+    flat uint64 chunks: the per-line arrays are freed as the file is read (their memory is
+    reused for the next lines), not held until the end."""
+
+    CHUNK = 4096  # requests per chunk
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.pending: list[np.ndarray] = []
+        self.counts: list[int] = []
+
+    def add(self, keys: np.ndarray) -> None:
+        self.pending.append(keys.astype(np.uint64, copy=False))  # int64 and uint64 mix as floats
+        self.counts.append(len(keys))
+        if len(self.pending) >= self.CHUNK:
+            self.flush()
+
+    def add_flat(self, flat: np.ndarray, counts: np.ndarray) -> None:
+        """Several requests' keys at once (`counts[i]` of them for the i-th)."""
+        self.flush()
+        self.chunks.append(flat.astype(np.uint64, copy=False))
+        self.counts += counts.tolist()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.chunks.append(np.concatenate(self.pending).astype(np.uint64, copy=False))
+            self.pending = []
+
+    def sorted(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, counts) with requests in `order` (indices in file order)."""
+        self.flush()
+        chunks, self.chunks = self.chunks, []
+        flat = chunks[0] if len(chunks) == 1 else np.concatenate(chunks or [np.zeros(0)])
+        del chunks
+        flat = flat.astype(np.uint64, copy=False)
+        counts = np.array(self.counts, dtype=np.int64)
+        if len(order) and (order[1:] > order[:-1]).all():  # already in order: no copy
+            return flat, counts
+        starts = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        picked = counts[order]
+        out = np.empty(len(flat), dtype=np.uint64)
+        at = 0
+        for lo in range(0, len(order), self.CHUNK):  # gathered a chunk of requests at a time
+            part, size = order[lo : lo + self.CHUNK], picked[lo : lo + self.CHUNK]
+            n = int(size.sum())
+            shift = np.repeat(starts[part] - (np.cumsum(size) - size), size)
+            out[at : at + n] = flat[shift + np.arange(n)]
+            at += n
+        return out, picked
 
 
 def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int) -> None:
@@ -200,7 +252,7 @@ def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int
 
 def read_mooncake(path: Path, block_size: int) -> Trace:
     """A Mooncake trace: `hash_ids` are the block keys (see the module doc)."""
-    rows, keys = Rows(), []
+    rows, keys = Rows(), KeyChunks()
     for n, row, line in lines(path):
         start = float(field_of(path, n, row, "timestamp", (int, float)))
         length = length_of(path, n, row, "input_length")
@@ -209,7 +261,7 @@ def read_mooncake(path: Path, block_size: int) -> Trace:
         _block_size_check(path, n, len(hash_ids), length, block_size)
         rows.prompt.append(length)
         rows.output.append(output)
-        keys.append(hash_ids[: length // block_size].astype(np.uint64))
+        keys.add(hash_ids[: length // block_size])
         rows.add(path, n, row, str(row.get("request_id", f"line-{n}")), start)
     return rows.trace(path, block_size, keys)
 
@@ -221,7 +273,7 @@ class _Hasher:
         self.block_size = block_size
         self.pending: list[np.ndarray] = []
         self.tokens = 0
-        self.keys: list[np.ndarray] = []  # per prompt, in the order added
+        self.keys = KeyChunks()  # per prompt, in the order added
 
     def add(self, ids: np.ndarray) -> None:
         self.pending.append(ids)
@@ -232,7 +284,7 @@ class _Hasher:
     def flush(self) -> None:
         if self.pending:
             keys, offsets = chain_keys(self.pending, self.block_size)
-            self.keys += np.split(keys, offsets[1:-1])
+            self.keys.add_flat(keys, np.diff(offsets))
         self.pending, self.tokens = [], 0
 
 
