@@ -33,6 +33,7 @@ CPU_BLOCK_MULTIPLE = 32  # its attention kernel takes multiples of this (a 16 fa
 DEFAULT_SERVED_NAME = "smollm2"
 SMALL_MACHINE_CORES = 2  # where the thread settings below were measured
 API_MODULE = "vllm.entrypoints.openai.api_server"
+TOOL_CALL_PARSER = "hermes"  # the embedded engine's tool-call parser (extra_args may name another)
 
 
 def small_machine_threads(cores: int | None) -> dict[str, str]:
@@ -160,6 +161,11 @@ class VllmEngine(Engine):
             argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
         if self.log_requests and "--enable-log-requests" not in c.extra_args:
             argv.append("--enable-log-requests")
+        if not any(a.startswith("--tool-call-parser") for a in c.extra_args):
+            # agent frameworks (OpenAI Agents SDK hand-offs, tools) need tool calls served: a
+            # named or "required" tool_choice is decoded to the tool's schema, "auto" parsed
+            # from Hermes-style <tool_call> tags (without a parser vLLM refuses all three)
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
         argv += list(c.extra_args)
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB reserved; the block override sets the usable size

@@ -37,6 +37,10 @@ run, in its thread or task) and the active RunTracker (probe/run_tracker.py). Th
   follows it, whether or not the caller waited for it.
 - tool_ms: time spent in LangChain tools of the same top-level task since its previous LLM call.
 - annotations: `kvscope.annotate(...)` values over the node's `kvscope` metadata, by row column.
+
+Outside a LangGraph graph, a call an OpenAI Agents SDK agent makes is named by the SDK's run
+context instead (probe/openai_agents.py states those rules): the agent's name, its run (trace) as
+the workflow, the trace's group_id as thread, the k-th visit of the agent as its turn.
 """
 
 from collections.abc import Iterator, Mapping
@@ -49,7 +53,7 @@ from uuid import UUID
 
 from langchain_core.runnables.config import var_child_runnable_config
 
-from kvscope.probe import labels, run_tracker
+from kvscope.probe import labels, openai_agents, run_tracker
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,18 @@ def identify() -> CallIdentity:
         annotations=MappingProxyType(columns),
         hints=MappingProxyType(hints),
     )
+    if not path and (sdk := openai_agents.place()) is not None:  # an OpenAI Agents SDK agent
+        return CallIdentity(
+            agent_id=labels.current_agent() or sdk.agent_id,
+            graph_node=sdk.graph_node,
+            thread_id=sdk.thread_id,
+            workflow_run_id=sdk.workflow_run_id,
+            turn_id=sdk.turn_id,
+            previous_agent_id=sdk.previous_agent_id,
+            tool_ms=sdk.tool_ms,
+            annotations=ident.annotations,
+            hints=ident.hints,
+        )
     if tracker is None or not path:
         return ident
     place = tracker.place(run, metadata, agent_id)

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvscope.engines.base import Engine
-from kvscope.probe import run_tracker
+from kvscope.probe import openai_agents, run_tracker
 from kvscope.probe.identity import identify
 from kvscope.probe.measure import HTTPX_LIBS, loads
 from kvscope.probe.wire import CallContext, InFlight
@@ -79,6 +79,7 @@ class Interceptor:
         with _LOCK:
             if self._depth == 0:
                 run_tracker.activate(self.on_tool, self.on_error)
+                openai_agents.watch()  # names OpenAI Agents SDK calls once it is imported
                 _ACTIVE.append(self)
                 _install()
             self._depth += 1
@@ -118,12 +119,35 @@ def _claim(request: Any) -> InFlight | None:
     with _LOCK:
         owner = next((i for i in reversed(_ACTIVE) if i.matches(request)), None)
     if owner is None:
+        _not_a_call(request)
         return None
     try:
         return owner.begin(request)
     except Exception:  # never break the app's call for kvscope's sake
         log.exception("kvscope: could not intercept a call; it goes out untouched")
         return None
+
+
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API: not a row (see _not_a_call)
+_WARNED: set[str] = set()
+
+
+def _not_a_call(request: Any) -> None:
+    """Say once that a POST to the engine's Responses API went out unseen: kvscope measures chat
+    completions and completions only (the OpenAI Agents SDK's default model speaks Responses)."""
+    if request.method != "POST" or not request.url.path.endswith(RESPONSES_PATH) or _WARNED:
+        return
+    with _LOCK:
+        base = request.url.copy_with(path=request.url.path[: -len(RESPONSES_PATH)] + CALL_PATHS[0])
+        if not any(i.matches(request.__class__("POST", base)) for i in _ACTIVE) or _WARNED:
+            return
+        _WARNED.add(RESPONSES_PATH)
+    log.warning(
+        "kvscope: a request to the engine's %s (OpenAI Responses API) is not profiled: only "
+        "chat completions and completions are rows. For the OpenAI Agents SDK, give the agents "
+        "OpenAIChatCompletionsModel or call agents.set_default_openai_api('chat_completions')",
+        RESPONSES_PATH,
+    )
 
 
 def _rebuilt(lib: Any, request: Any, call: InFlight) -> Any:

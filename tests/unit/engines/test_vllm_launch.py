@@ -125,3 +125,11 @@ def test_preflight_occupied_port(tmp_path: Path, which: str) -> None:
         with pytest.raises(PortInUse, match=f"port {held} .* already in use"):
             VllmEngine(cfg).preflight()
     VllmEngine(cfg).preflight()  # free again: passes
+
+
+def test_tool_calls_are_served_unless_the_config_names_a_parser() -> None:
+    argv = VllmEngine(EngineConfig()).launch().argv
+    assert "--enable-auto-tool-choice" in argv and flag(argv, "--tool-call-parser") == "hermes"
+    own = ("--tool-call-parser", "llama3_json")
+    argv = VllmEngine(EngineConfig(extra_args=own)).launch().argv
+    assert argv.count("--tool-call-parser") == 1 and argv[-2:] == own

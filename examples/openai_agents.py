@@ -1,0 +1,77 @@
+"""A help desk: a triage agent hands the customer off to a billing agent, which looks the invoice
+up with a function tool: an OpenAI Agents SDK app (`pip install openai-agents`) written the way
+the SDK's documentation writes them, with no kvscope in it.
+
+    kvscope profile -- python examples/openai_agents.py            # the embedded engine
+    OPENAI_BASE_URL=http://host:8000/v1 KVSCOPE_MODEL=... python examples/openai_agents.py
+
+    Runner.run (one per question) --> triage --hand-off--> billing --> lookup_invoice (tool)
+
+Each agent is an agent to kvscope (triage, billing), each run a workflow, the run's group_id
+(`customer-<n>`) its thread. The agents speak chat completions (`OpenAIChatCompletionsModel`),
+which vLLM serves; the SDK's default Responses model would not be profiled. A model as small as
+the embedded engine's seldom calls a tool on its own, so each agent names the tool it calls
+(`tool_choice`: the engine decodes the call to the tool's schema) and billing's tool result is
+its answer (`tool_use_behavior="stop_on_first_tool"`).
+The SDK's tracing stays on but is exported nowhere (`--no-tracing`: disabled, as apps on other
+providers often run it; kvscope then has no group_id to give as thread).
+"""
+
+import argparse
+import asyncio
+import os
+
+QUESTIONS = ("Why was I charged twice?", "Is my March invoice paid?", "Can I get a refund?")
+
+
+def build() -> object:
+    """The triage agent (the run's starting agent), with billing behind a hand-off."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, function_tool
+    from openai import AsyncOpenAI
+
+    model = OpenAIChatCompletionsModel(
+        model=os.environ.get("KVSCOPE_MODEL", "default"), openai_client=AsyncOpenAI()
+    )
+
+    @function_tool
+    def lookup_invoice() -> str:
+        """The customer's latest invoice."""
+        return "invoice 2031, 42.00 EUR, paid on March 3"
+
+    billing = Agent(
+        name="billing",
+        instructions="You answer billing questions from the customer's invoice.",
+        model=model,
+        model_settings=ModelSettings(tool_choice="lookup_invoice", max_tokens=96),
+        tools=[lookup_invoice],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    return Agent(
+        name="triage",
+        instructions="You route the customer to the right desk.",
+        model=model,
+        model_settings=ModelSettings(tool_choice="transfer_to_billing", max_tokens=96),
+        handoffs=[billing],
+    )
+
+
+async def main(questions: int, tracing: bool) -> None:
+    from agents import RunConfig, Runner, set_trace_processors, set_tracing_disabled
+
+    if tracing:
+        set_trace_processors([])  # traced, exported nowhere (no OpenAI account here)
+    else:
+        set_tracing_disabled(True)
+    triage = build()
+    for n, question in enumerate(QUESTIONS[:questions], 1):
+        config = RunConfig(workflow_name="help desk", group_id=f"customer-{n}")
+        result = await Runner.run(triage, question, run_config=config)
+        print(f"[customer-{n}] {result.last_agent.name}: {result.final_output}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=2, help="runs, one per question (1-3)")
+    parser.add_argument("--no-tracing", action="store_true", help="set_tracing_disabled(True)")
+    args = parser.parse_args()
+    asyncio.run(main(max(1, min(args.questions, len(QUESTIONS))), not args.no_tracing))

@@ -1,0 +1,38 @@
+"""`kvscope profile -- python examples/openai_agents.py` on the real engine: an OpenAI Agents SDK
+app (triage hands off to billing, which calls a function tool), every call a row named by the
+SDK's agent, the hand-off a transition, one workflow and one trace per `Runner.run`."""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ROOT, Up
+from test_profile import profile_cli, rows_of
+
+pytestmark = pytest.mark.engine
+pytest.importorskip("agents")
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-tracing",)], ids=["traced", "tracing-disabled"])
+def test_profile_names_the_agents_sdk_apps_agents(
+    up: Up, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    program = (sys.executable, str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
+    done, run_dir = profile_cli(up, tmp_path, *program, *flags)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("] billing: invoice 2031") == 2  # the tool's result: the answer
+    rows: list[dict[str, Any]] = rows_of(run_dir)
+    assert all(r["status"] == "ok" and r["workflow_type"] == "openai-agents" for r in rows)
+    assert f"{len(rows)} LLM calls in 2 workflows" in done.stderr  # rows = calls
+    assert "reconcile prompt_tokens_total" in done.stderr and "exact" in done.stderr
+    assert "traces: 2 written of 2 workflows" in done.stderr
+    runs = list(dict.fromkeys(r["workflow_run_id"] for r in rows))
+    assert len(runs) == 2 and len(rows) == 4
+    for n, run in enumerate(runs, 1):
+        mine = [r for r in rows if r["workflow_run_id"] == run]
+        got = [(r["agent_id"], r["graph_node"], r["turn_id"], r["previous_agent_id"]) for r in mine]
+        assert got == [("triage", "triage", 1, None), ("billing", "billing", 1, "triage")]
+        thread = None if flags else f"customer-{n}"  # the run's group_id, when traced
+        assert {r["thread_id"] for r in mine} == {thread}
+        assert all(r["tool_ms"] is None for r in mine)  # billing's tool ran after its call

@@ -1,0 +1,228 @@
+"""Agent identity in OpenAI Agents SDK apps (`openai-agents`), read from the SDK's own run context
+(probe/openai_agents.py): the agent is `Agent.name`, a hand-off a transition, a `Runner.run` the
+workflow, the trace's group_id the thread, a return to an agent its next turn; with the SDK's
+tracing on and off. The stand-in engine answers a request that offers the script's next tool
+(a hand-off is the `transfer_to_<agent>` tool) with a call of it."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+from helpers import ROOT
+from openai import AsyncOpenAI
+from test_identity import BASE, REPLY, profiled
+from vllm_stub import Stub
+
+from kvscope.probe import intercept
+from kvscope.records.requests import RequestRecord
+from kvscope.records.tools import ToolCall
+
+agents = pytest.importorskip("agents")
+TOOL_S = 0.05
+
+
+class Scripted(Stub):
+    """The stand-in vLLM; a request offering the script's next tool gets a call of it."""
+
+    def __init__(self, *script: str) -> None:
+        super().__init__()
+        self.script = list(script)
+
+    def transport(self, lib: Any, asynchronous: bool = False) -> Any:
+        plain = super().transport(lib, asynchronous)
+
+        def handle(request: Any) -> Any:
+            body = json.loads(request.content)
+            offered = {t["function"]["name"] for t in body.get("tools", [])}
+            if not self.script or self.script[0] not in offered:
+                return plain.handle_request(request)
+            self.received.append((str(request.url), body, dict(request.headers)))
+            function = {"name": self.script.pop(0), "arguments": "{}"}
+            call = {"id": f"c{len(self.received)}", "type": "function", "function": function}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            return lib.Response(200, json={**REPLY, "choices": [choice]})
+
+        return lib.MockTransport(handle)
+
+
+@pytest.fixture(autouse=True)
+def no_export() -> Iterator[None]:
+    """No trace leaves the test for OpenAI's backend; tracing on unless a test turns it off."""
+    agents.set_trace_processors([])
+    agents.set_tracing_disabled(False)
+    yield
+    agents.set_tracing_disabled(False)
+
+
+def client_of(engine: Scripted) -> AsyncOpenAI:
+    http = httpx2.AsyncClient(transport=engine.transport(httpx2, asynchronous=True))
+    return AsyncOpenAI(base_url=f"{BASE}/v1", api_key="x", http_client=http)
+
+
+def desk(engine: Scripted) -> Any:
+    """triage <-> billing (hand-offs both ways), billing with a function tool `lookup`."""
+    client = client_of(engine)
+    model = agents.OpenAIChatCompletionsModel(model="smollm2", openai_client=client)
+
+    @agents.function_tool
+    def lookup() -> str:
+        """Look up the customer's invoice."""
+        time.sleep(TOOL_S)
+        return "invoice 42: paid"
+
+    billing = agents.Agent(name="billing", instructions="Billing.", model=model, tools=[lookup])
+    triage = agents.Agent(name="triage", instructions="Route.", model=model, handoffs=[billing])
+    billing.handoffs = [triage]
+    return triage
+
+
+def who(rows: list[RequestRecord]) -> list[tuple[str | None, int | None, str | None]]:
+    return [(r.agent_id, r.turn_id, r.previous_agent_id) for r in rows]
+
+
+SCRIPT = ("transfer_to_billing", "lookup", "transfer_to_triage")
+EXPECTED = [
+    ("triage", 1, None),
+    ("billing", 1, "triage"),  # the hand-off
+    ("billing", 1, "billing"),  # its tool loop: the same visit
+    ("triage", 2, "billing"),  # handed back: triage's next turn
+]
+
+
+def check_run(rows: list[RequestRecord], thread: str | None) -> None:
+    assert who(rows) == EXPECTED
+    assert [r.graph_node for r in rows] == ["triage", "billing", "billing", "triage"]
+    assert len({r.workflow_run_id for r in rows}) == 1 and rows[0].workflow_run_id
+    assert {r.thread_id for r in rows} == {thread}
+    assert [r.tool_ms is None for r in rows] == [True, True, False, True]
+    assert TOOL_S * 1000 <= rows[2].tool_ms < TOOL_S * 1000 + 500  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("tracing", ["on", "set_tracing_disabled", "run_config"])
+def test_hand_offs_tools_turns_and_runs(tracing: str) -> None:
+    engine = Scripted(*SCRIPT)
+    triage = desk(engine)
+    if tracing == "set_tracing_disabled":
+        agents.set_tracing_disabled(True)
+    config = agents.RunConfig(group_id="customer-7", tracing_disabled=tracing == "run_config")
+    rows: list[RequestRecord] = []
+    tools: list[ToolCall] = []
+    with profiled(rows, tools):
+        asyncio.run(agents.Runner.run(triage, "my invoice?", run_config=config))
+        engine.script = list(SCRIPT)
+        agents.Runner.run_sync(triage, "again?", run_config=config)
+    assert len(rows) == 8 == len(engine.received)
+    first, second = rows[:4], rows[4:]
+    thread = "customer-7" if tracing == "on" else None  # a no-op trace keeps no group_id
+    check_run(first, thread)
+    check_run(second, thread)
+    assert first[0].workflow_run_id != second[0].workflow_run_id  # one workflow per run
+    if tracing == "on":
+        assert str(first[0].workflow_run_id).startswith("trace_")  # the SDK's own trace id
+    # the function tools' runs, seen through their (no-op, with tracing off) spans
+    assert [(t.name, t.graph_node, t.error) for t in tools] == [("lookup", "billing", None)] * 2
+    assert [t.workflow_run_id for t in tools] == [first[0].workflow_run_id,
+                                                  second[0].workflow_run_id]  # fmt: skip
+    assert all(t.end_ns - t.start_ns >= TOOL_S * 1e9 for t in tools)
+
+
+def test_runs_inside_one_app_trace_are_one_workflow() -> None:
+    engine = Scripted(*SCRIPT)
+    triage = desk(engine)
+    rows: list[RequestRecord] = []
+
+    async def conversation() -> None:
+        with agents.trace("support", group_id="conv-1"):
+            await agents.Runner.run(triage, "my invoice?")
+            engine.script = list(SCRIPT)
+            await agents.Runner.run(triage, "thanks")
+
+    with profiled(rows):
+        asyncio.run(conversation())
+    assert len({r.workflow_run_id for r in rows}) == 1
+    assert {r.thread_id for r in rows} == {"conv-1"}
+    assert who(rows)[4:] == [("triage", 3, "triage"), ("billing", 2, "triage"),
+                             ("billing", 2, "billing"), ("triage", 4, "billing")]  # fmt: skip
+
+
+def test_streamed_run_and_an_explicit_agent_block() -> None:
+    engine = Scripted()
+    triage = desk(engine)
+    rows: list[RequestRecord] = []
+
+    async def streamed() -> None:
+        result = agents.Runner.run_streamed(triage, "hi")
+        async for _ in result.stream_events():
+            pass
+
+    import kvscope
+
+    with profiled(rows):
+        asyncio.run(streamed())
+        with kvscope.agent("front-desk"):
+            agents.Runner.run_sync(triage, "hi")
+    assert who(rows) == [("triage", 1, None), ("front-desk", 1, None)]
+    assert rows[0].workflow_run_id != rows[1].workflow_run_id
+
+
+def test_calls_outside_an_agent_are_not_named() -> None:
+    engine = Scripted()
+    client = client_of(engine)
+    rows: list[RequestRecord] = []
+    with profiled(rows):
+        asyncio.run(client.chat.completions.create(model="m", messages=[]))
+    assert who(rows) == [(None, None, None)] and rows[0].workflow_run_id is None
+
+
+def test_the_probe_does_not_import_the_sdk() -> None:
+    code = (
+        "import sys; from kvscope.probe import intercept, identity; "
+        "identity.identify(); print('agents' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_installs_when_the_sdk_is_imported_after_profiling_began() -> None:
+    code = (
+        "import asyncio, sys; sys.path[:0] = ['tests', 'tests/unit/probe']; "
+        "from test_identity import profiled; rows = []\n"
+        "with profiled(rows):\n"
+        "    import test_openai_agents_identity as t\n"
+        "    t.agents.set_trace_processors([])\n"
+        "    engine = t.Scripted(*t.SCRIPT)\n"
+        "    asyncio.run(t.agents.Runner.run(t.desk(engine), 'q'))\n"
+        "print([(r.agent_id, r.turn_id, r.previous_agent_id) for r in rows])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(EXPECTED)
+
+
+def test_a_responses_api_call_is_not_a_row_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's default model posts to /v1/responses: passed through untouched, warned once."""
+    seen: list[str] = []
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.url.path)
+        return httpx2.Response(404, json={"error": {"message": "no"}})
+
+    http = httpx2.Client(transport=httpx2.MockTransport(handle))
+    rows: list[RequestRecord] = []
+    intercept._WARNED.clear()  # once per process: as if none was sent before
+    with profiled(rows), caplog.at_level("WARNING", logger="kvscope.probe.intercept"):
+        http.post("http://elsewhere:8000/v1/responses", json={"model": "m", "input": "hi"})
+        assert caplog.records == []  # not the engine
+        for _ in range(2):
+            http.post(f"{BASE}/v1/responses", json={"model": "m", "input": "hi"})
+    assert rows == [] and seen == ["/v1/responses"] * 3
+    warned = [r.getMessage() for r in caplog.records if "/v1/responses" in r.getMessage()]
+    assert len(warned) == 1 and "OpenAIChatCompletionsModel" in warned[0]
