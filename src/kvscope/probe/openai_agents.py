@@ -29,7 +29,10 @@ name the call):
   the first call after a hand-off); None for the first.
 - tool_ms: time in function tools run under the agent since its previous call (None: none ran).
   Function tools run in a function span whether or not tracing is on (a no-op one when off).
-Each function tool run is also a ToolCall (tools.jsonl) through the active tracker's `on_tool`.
+Each function tool run is also a ToolCall (tools.jsonl) through the active tracker's `on_tool`;
+its `error` is the SDK's span error message ("Error running tool", ...: the span does not keep
+the exception's type), None where the tool did not fail or tracing is disabled (a no-op span
+keeps no error).
 
 Nothing here imports `agents`: `watch()` installs when `agents.tracing.scope` is imported (a
 post-import hook on `sys.meta_path`), or at once if it is already.
@@ -235,9 +238,10 @@ def _tool_ended(chain: Sequence[_Entry], end_ns: int) -> None:
     on_tool: Callable[[ToolCall], None] | None = getattr(tracker, "on_tool", None)
     if on_tool is None:
         return
-    error = getattr(getattr(entry.span, "error", None), "get", lambda _k: None)("message")
+    error = getattr(entry.span, "error", None)  # the SDK's SpanError (None on a no-op span)
+    error = error.get("message") if isinstance(error, dict) else None
     on_tool(ToolCall(str(getattr(data, "name", "tool")), workflow, "/".join(agents) or None,
-                     entry.start_ns, end_ns, None if error is None else "ToolError",
+                     entry.start_ns, end_ns, None if error is None else str(error),
                      tool_text(getattr(data, "input", None)),
                      tool_text(getattr(data, "output", None))))  # fmt: skip
 

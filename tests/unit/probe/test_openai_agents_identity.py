@@ -226,3 +226,23 @@ def test_a_responses_api_call_is_not_a_row_and_says_so(caplog: pytest.LogCapture
     assert rows == [] and seen == ["/v1/responses"] * 3
     warned = [r.getMessage() for r in caplog.records if "/v1/responses" in r.getMessage()]
     assert len(warned) == 1 and "OpenAIChatCompletionsModel" in warned[0]
+
+
+def test_a_failing_tool_is_a_tool_row_with_the_sdks_error() -> None:
+    engine = Scripted("transfer_to_billing", "lookup")
+    triage = desk(engine)
+    billing = triage.handoffs[0]
+
+    @agents.function_tool
+    def lookup() -> str:
+        """Look up the customer's invoice."""
+        raise RuntimeError("ledger down")
+
+    billing.tools = [lookup]
+    rows: list[RequestRecord] = []
+    tools: list[ToolCall] = []
+    with profiled(rows, tools):
+        agents.Runner.run_sync(triage, "my invoice?")
+    assert who(rows) == EXPECTED[:3]  # the model is told the tool failed, billing goes on
+    assert [(t.name, t.graph_node) for t in tools] == [("lookup", "billing")]
+    assert tools[0].error is not None and "tool" in tools[0].error.lower()
