@@ -16,7 +16,10 @@ one turn per invocation) until the time is up. Calls are counted where they are 
    streams, as a capture session does) and intercepted with Level-3 tokenization (the chat
    template and tokenizer of the embedded model render each prompt's token ids), in alternating
    blocks so that drift hits all alike; the difference to bare is what the probe adds per call.
-2. Load without kvscope (`--bare-seconds`): requests/s and per-call latency of the bare client.
+2. Load without kvscope (`--bare-seconds`): requests/s and per-call latency of the bare client,
+   then the same with a tracing SDK instead (`--peer`, default where installed:
+   bench/tracing_peer.py, OpenInference's LangChain + OpenAI instrumentations on OpenTelemetry's
+   batch span processor), the same columns, and kvscope's added loop CPU over the SDK's.
 3. Load with `kvscope.profile(attach=...)` for `--seconds`: requests/s, per-call latency, rows
    in the finalized request table vs calls sent, MLflow traces written (the run's own audit) vs
    graph invocations, how long the session's close, finalize (tables, status, analysis) and
@@ -57,6 +60,7 @@ from typing import Any, TypedDict
 import httpx2
 import openai
 import psutil
+import tracing_peer
 from langgraph.graph import END, START, StateGraph
 from rich.console import Console
 from rich.table import Table
@@ -78,7 +82,7 @@ AGENTS = ("planner", "executor", "expresser", "reviewer")
 SYSTEM = {a: f"You are the {a} of a finance desk. " + "Keep the books. " * 40 for a in AGENTS}
 MAX_TOKENS = 8
 MIB = 2**20
-console = Console(width=120)
+console = Console(width=130)
 
 
 @dataclass
@@ -281,6 +285,9 @@ def main() -> None:
     parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--runs-dir", help="keep the profiled run here (default: a temporary one)")
+    peer_help = f"also the app traced by {tracing_peer.NAME} (tracing_peer.py)"
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help=peer_help)  # fmt: skip
     args = parser.parse_args()
     model_dir = cache_dir() / "models" / "SmolLM2-135M-Instruct"
     chat = ChatTokenizer.from_model_dir(model_dir) if model_dir.is_dir() else None
@@ -299,14 +306,34 @@ def main() -> None:
             work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
                          bare_calls, engine.pid)  # fmt: skip
             bare = asyncio.run(work)
-            profiled(args, workflows, url, chat if args.tokenize else None, bare, engine.pid)
+            peer = traced_load(args, workflows, url, bare_calls, engine.pid)
+            profiled(args, workflows, url, chat if args.tokenize else None, bare, peer, engine.pid)
     finally:
         engine.terminate()
         engine.wait()
 
 
+def traced_load(args: argparse.Namespace, workflows: int, url: str, calls: int | None,
+                engine_pid: int) -> tuple[Tally, int] | None:  # fmt: skip
+    """The same load with the tracing SDK on (its tally, spans it wrote); None: not run."""
+    if not args.peer:
+        return None
+    if missing := tracing_peer.available():
+        console.print(f"{tracing_peer.NAME} not installed ({missing}): not compared")
+        return None
+    span = f"{calls} calls" if calls else f"{args.bare_seconds:.0f} s"
+    console.print(f"{tracing_peer.NAME} load: {workflows} workflows, {span}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "spans.jsonl"
+        with tracing_peer.traced(out):
+            work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "traced", calls,
+                         engine_pid)  # fmt: skip
+            tally = asyncio.run(work)
+        return tally, tracing_peer.spans_written(out)
+
+
 def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatTokenizer | None,
-             bare: Tally, engine_pid: int) -> None:  # fmt: skip
+             bare: Tally, peer: tuple[Tally, int] | None, engine_pid: int) -> None:  # fmt: skip
     tokens = "with" if chat else "without"
     span = f"{args.calls} calls" if args.calls else f"{args.seconds:.0f} s"
     console.print(f"kvscope load: {workflows} workflows, {span}, {tokens} tokenization")
@@ -342,22 +369,32 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
     per_invocation = Counter(r["workflow_run_id"] for r in rows)
     audit = outcome.audit
     traces = f"{audit.written} / {audit.expected}" if audit else str(outcome.mlflow_error)
-    rps_b, rps_k = bare.sent / bare.wall_s, tally.sent / tally.wall_s
+    phases = [bare, tally] if peer is None else [bare, peer[0], tally]
+
+    def row(what: str, values: list[float], fmt: str, added: str) -> tuple[str, ...]:
+        """`values`: bare's, the peer's (if run) and kvscope's; each after bare with its added."""
+        cells = [fmt.format(values[0])]
+        for v in values[1:]:
+            ratio = v / values[0] if values[0] else float("nan")
+            cells += [fmt.format(v), added.format(v - values[0], ratio)]
+        return (what, *cells)
 
     def per_call(what: str, field: str) -> tuple[str, ...]:
-        b, k = bare.per_call_ms(getattr(bare, field)), tally.per_call_ms(getattr(tally, field))
-        return what, f"{b:.2f}", f"{k:.2f}", f"{k - b:+.2f}"
+        return row(what, [t.per_call_ms(getattr(t, field)) for t in phases], "{:.2f}", "{:+.2f}")
 
     def latency(q: float) -> tuple[str, ...]:
-        b, k = pct(bare.latency_ms, q), pct(tally.latency_ms, q)
-        return f"call latency p{q * 100:.0f} (ms)", f"{b:.1f}", f"{k:.1f}", f"{k / b - 1:+.0%}"
+        values = [pct(t.latency_ms, q) for t in phases]
+        return row(f"call latency p{q * 100:.0f} (ms)", values, "{:.1f}", "{1:+.0%}")
 
+    def ours(what: str, value: str) -> tuple[str, ...]:
+        return (what, "", *([""] * 2 * (len(phases) - 2)), value, "")
+
+    rates = [t.sent / t.wall_s for t in phases]
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [
-        ("seconds", f"{bare.wall_s:.0f}", f"{tally.wall_s:.0f}"),
-        ("requests/s sustained", f"{rps_b:.0f}", f"{rps_k:.0f}", f"{rps_k / rps_b:.0%} of bare"),
-        ("ms of the loop per call (1 / rate)", f"{1e3 / rps_b:.2f}", f"{1e3 / rps_k:.2f}",
-         f"{1e3 / rps_k - 1e3 / rps_b:+.2f}"),
+        row("seconds", [t.wall_s for t in phases], "{:.0f}", ""),
+        row("requests/s sustained", rates, "{:.0f}", "{1:.0%} of bare"),
+        row("ms of the loop per call (1 / rate)", [1e3 / r for r in rates], "{:.2f}", "{:+.2f}"),
         per_call("loop thread CPU per call (ms)", "loop_cpu_s"),
         per_call("process CPU per call, all threads (ms)", "process_cpu_s"),
         per_call("stand-in engine CPU per call (ms)", "engine_cpu_s"),
@@ -365,30 +402,43 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         per_call("  of which full collections (ms)", "gc_full_s"),
         latency(0.5),
         latency(0.99),
-        ("calls sent / failed", f"{bare.sent} / {bare.failed}", f"{tally.sent} / {tally.failed}"),
-        ("rows written / ok", "", f"{len(rows)} / {ok}"),
-        ("rows lost (sent - written)", "", f"{tally.sent - len(rows)}"),
-        ("rows named by agent", "", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
-        ("prompts tokenized off the loop / on it (queue full)", "",
-         f"{tokenized.get('worker', 0)} / {tokenized.get('app', 0)}"),
-        ("graph invocations", f"{bare.invocations}", f"{tally.invocations}"),
-        ("invocations with their 4 rows", "", f"{sum(n == 4 for n in per_invocation.values())}"),
-        ("traces written / expected (audit)", "", traces),
-        ("close: streams, collectors (s)", "", f"{fin - t1:.1f}"),
-        ("finalize: tables, status, analysis (s)", "", f"{pub - fin:.1f}"),
-        ("publish: report, MLflow, traces (s)", "", f"{t2 - pub:.1f}"),
-        ("RSS at start of load (MiB)", "", f"{load[0][1]:.0f}"),
-        ("RSS peak during load (MiB)", "", f"{max(m for _, m in load):.0f}"),
-        ("RSS slope, 2nd half of load (MiB/min)", "", f"{slope_per_min(load):+.2f}"),
-        ("RSS peak incl. finalize + publish (MiB)", "", f"{max(m for _, m in rss.samples):.0f}"),
+        row("calls sent", [t.sent for t in phases], "{:.0f}", ""),
+        row("calls failed", [t.failed for t in phases], "{:.0f}", ""),
+        row("graph invocations", [t.invocations for t in phases], "{:.0f}", ""),
+        ours("rows written / ok", f"{len(rows)} / {ok}"),
+        ours("rows lost (sent - written)", f"{tally.sent - len(rows)}"),
+        ours("rows named by agent", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
+        ours("prompts tokenized: process / thread / app's",
+             " / ".join(str(tokenized.get(k, 0)) for k in ("process", "worker", "app"))),
+        ours("invocations with their 4 rows", f"{sum(n == 4 for n in per_invocation.values())}"),
+        ours("traces written / expected (audit)", traces),
+        ours("close: streams, collectors (s)", f"{fin - t1:.1f}"),
+        ours("finalize: tables, status, analysis (s)", f"{pub - fin:.1f}"),
+        ours("publish: report, MLflow, traces (s)", f"{t2 - pub:.1f}"),
+        ours("RSS at start of load (MiB)", f"{load[0][1]:.0f}"),
+        ours("RSS peak during load (MiB)", f"{max(m for _, m in load):.0f}"),
+        ours("RSS slope, 2nd half of load (MiB/min)", f"{slope_per_min(load):+.2f}"),
+        ours("RSS peak incl. finalize + publish (MiB)", f"{max(m for _, m in rss.samples):.0f}"),
     ]  # fmt: skip
+    if peer is not None:
+        lines.insert(-12, ("spans written by the tracing SDK", "", str(peer[1]), "", "", ""))
     res = Table(title=f"{workflows} workflows at once, stand-in engine")
     res.add_column("", no_wrap=True)
-    for col in ("bare client", f"kvscope ({tokens} tokenization)", "added"):
-        res.add_column(col, justify="right")
+    names = ["bare client", f"kvscope ({tokens} tokenization)"]
+    if peer is not None:
+        names.insert(1, tracing_peer.NAME)
+    res.add_column(names[0], justify="right")
+    for name in names[1:]:
+        res.add_column(name, justify="right")
+        res.add_column("added", justify="right")
     for line in lines:
         res.add_row(*line)
     console.print(res)
+    if peer is not None:
+        loop = [t.per_call_ms(t.loop_cpu_s) for t in phases]
+        console.print(f"loop CPU added per call: kvscope {loop[2] - loop[0]:+.2f} ms, "
+                      f"{tracing_peer.NAME} {loop[1] - loop[0]:+.2f} ms: kvscope / peer = "
+                      f"{(loop[2] - loop[0]) / (loop[1] - loop[0]):.2f}")  # fmt: skip
 
 
 def print_latency(latency: dict[str, list[float]]) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kvscope.probe.tokenizer_process import TokenizerProcess
 from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer, digest, template_messages, token_hash
 from kvscope.records.prompt_columns import APP, WORKER, PromptColumns
@@ -51,7 +52,9 @@ class PromptInstrument:
 
     With a `worker` (probe/tokenizing.py) and a `columns_sink`, a call whose ids need the
     tokenizer (the engine returned none) gets its prompt columns off the app's thread: the row
-    goes out without them, and a PromptColumns record (records/prompt_columns.py) follows."""
+    goes out without them, and a PromptColumns record (records/prompt_columns.py) follows.
+    With a `process` too, the worker hands the call to that process (the chat template and the
+    tokenizer run there), and makes the columns itself only where the process cannot take it."""
 
     def __init__(
         self,
@@ -61,9 +64,10 @@ class PromptInstrument:
         *,
         worker: Tokenizing | None = None,
         columns_sink: Callable[[PromptColumns], None] | None = None,
+        process: TokenizerProcess | None = None,
     ) -> None:
         self.tokens, self.token_sink, self.store_prompts = tokens, token_sink, store_prompts
-        self.worker, self.columns_sink = worker, columns_sink
+        self.worker, self.columns_sink, self.process = worker, columns_sink, process
 
     def __call__(
         self,
@@ -93,6 +97,10 @@ class PromptInstrument:
         prompt_tokens: int | None,
         where: str,
     ) -> None:
+        if self.process is not None and self.process.send(
+            request_uuid, body, _fixed_messages(hints), prompt_tokens
+        ):
+            return
         columns = self.columns(body, request_uuid, hints, prompt_tokens, None)
         if columns and self.columns_sink is not None:
             self.columns_sink(PromptColumns(request_uuid, **columns, tokenized_on=where))
@@ -108,9 +116,7 @@ class PromptInstrument:
         """The call's prompt columns (records.prompt_columns.COLUMNS); its ids, where used, go
         to the token sink."""
         messages = body.get("messages")
-        # the fixed part is what the app says it is: no hint, no fixed_prefix_tokens (null)
-        hint = hints.get("fixed_messages")
-        fixed_messages = None if hint is None else int(hint)
+        fixed_messages = _fixed_messages(hints)
         if isinstance(messages, list):
             pt = self._chat(body, messages, fixed_messages, engine_ids)
         else:
@@ -193,3 +199,9 @@ class PromptInstrument:
 
 def _is_ids(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(type(i) is int for i in prompt)
+
+
+def _fixed_messages(hints: Mapping[str, Any]) -> int | None:
+    """The fixed part is what the app says it is: no hint, no fixed_prefix_tokens (null)."""
+    hint = hints.get("fixed_messages")
+    return None if hint is None else int(hint)

@@ -5,9 +5,11 @@ JSON lines, but the prompt token ids, an Arrow IPC stream (records.tokens). A pr
 captures for a session it does not own (a profiled program, probe/child.py) writes its own part
 files, `<stream>.<pid>`, which the owner merges into the streams on close.
 
-A call whose prompt ids need the tokenizer has them made by a background thread
-(probe/tokenizing.py): its row is written at once, its prompt columns follow in
-prompt_columns.jsonl (records/prompt_columns.py); `close` first runs what that thread has queued.
+A call whose prompt ids need the tokenizer has them made off the app's thread: a background
+thread (probe/tokenizing.py) hands it to a tokenizer process (probe/tokenizer_process.py, part
+files of its own); its row is written at once, its prompt columns follow in
+prompt_columns.jsonl (records/prompt_columns.py); `close` first runs what that thread has queued
+and waits for the process.
 """
 
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from kvscope.errors import WriteError
 from kvscope.probe import app_spans
 from kvscope.probe.hints import make_hints
 from kvscope.probe.instrument import PromptInstrument
+from kvscope.probe.tokenizer_process import TokenizerProcess
 from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
@@ -46,6 +49,7 @@ class CallStreams:
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
         self.write_error: WriteError | None = None  # the first file the disk refused
         self.tokenizing = Tokenizing()
+        self.tokenizer_process: TokenizerProcess | None = None  # set by context()
         self._open(part)
 
     def _open(self, part: str) -> None:
@@ -78,6 +82,8 @@ class CallStreams:
     ) -> CallContext:
         """The CallContext whose rows, token ids and payloads go to these streams; `hints`: the
         eviction hint policy that sets each call's engine priority (probe/hints.py)."""
+        if chat is not None and chat.model_dir is not None and self.has_tokens:
+            self.tokenizer_process = TokenizerProcess(chat.model_dir, self.run_dir, store_prompts)
         return CallContext(
             **run.to_dict(),
             sink=self.row,
@@ -87,6 +93,7 @@ class CallStreams:
                 store_prompts,
                 worker=self.tokenizing,
                 columns_sink=self.columns,
+                process=self.tokenizer_process,
             ),
             payload_sink=self.payload if self.has_payloads else None,
             hints=make_hints(hints),
@@ -133,6 +140,8 @@ class CallStreams:
         """Run the tokenizer's queue, close the writers; the session's own streams also take in
         other processes' parts."""
         self.tokenizing.close()
+        if self.tokenizer_process is not None:
+            self.tokenizer_process.close()  # its part files written: merged below
         for writer in self.writers():
             writer.close()
         if not self.part:

@@ -70,6 +70,7 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.template = env.from_string(template)
         self.special = special
+        self.model_dir: Path | None = None  # the folder it was read from (from_model_dir)
 
     @classmethod
     def from_model_dir(cls, path: Path) -> "ChatTokenizer | None":
@@ -84,7 +85,9 @@ class ChatTokenizer:
         if not isinstance(template, str):
             return None
         special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
-        return cls(Tokenizer.from_file(str(tok)), template, special)
+        chat = cls(Tokenizer.from_file(str(tok)), template, special)
+        chat.model_dir = path
+        return chat
 
     def render(
         self,

@@ -1,11 +1,12 @@
 """The prompt-columns stream: a call's tokenizer-made prompt columns, written after its row.
 
 A call whose prompt ids kvscope makes with the model's tokenizer (no ids from the engine) has
-them made off the app's thread (probe/tokenizing.py): its row is written at once without them,
-and one PromptColumns record per call follows in prompt_columns.jsonl (parts `.<pid>` merged on
-close like the other call streams). `with_prompt_columns` puts them into the request table by
-request_uuid; finalize and `load_table` read the table that way. A call whose record never came
-(the program was killed before the tokenizer caught up) keeps null prompt columns: not measured.
+them made off the app's thread (probe/tokenizing.py, probe/tokenizer_process.py): its row is
+written at once without them, and one PromptColumns record per call follows in
+prompt_columns.jsonl (parts `.<pid>` merged on close like the other call streams).
+`with_prompt_columns` puts them into the request table by request_uuid; finalize and
+`load_table` read the table that way. A call whose record never came (the program was killed
+before the tokenizer caught up) keeps null prompt columns: not measured.
 """
 
 from dataclasses import dataclass, fields
@@ -18,7 +19,9 @@ import pyarrow.compute as pc
 from kvscope.records.base import read_jsonl, record_dict
 
 PROMPT_COLUMNS_JSONL = "prompt_columns.jsonl"
-WORKER, APP = "worker", "app"  # where a record's tokenization ran
+# where a record's tokenization ran: the tokenizer process (probe/tokenizer_process.py), the
+# tokenizer thread of the app's process, the app's own thread (the thread's queue was full)
+PROCESS, WORKER, APP = "process", "worker", "app"
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def with_prompt_columns(table: pa.Table, run_dir: Path) -> pa.Table:
 
 
 def tokenized_on(run_dir: Path) -> dict[str, int]:
-    """How many calls were tokenized where: {"worker": n, "app": m} (empty without a stream)."""
+    """How many calls were tokenized where: {"process": n, "worker": m, "app": k} (empty
+    without a stream)."""
     counts: dict[str, int] = {}
     for r in read(run_dir):
         where = str(r.get("tokenized_on") or WORKER)

@@ -117,9 +117,10 @@ BODY = {
 def test_rows_go_out_at_once_and_their_prompt_columns_follow(
     tmp_path: Path, chat: ChatTokenizer
 ) -> None:
-    """A capture's instrument hands tokenization to the worker: the call's own columns come
-    back empty, the same columns as an inline computation land in prompt_columns.jsonl, the ids
-    in the token stream, and the request table reads them by request_uuid."""
+    """A capture's instrument hands tokenization to the worker, which hands it to the tokenizer
+    process: the call's own columns come back empty, the same columns as an inline computation
+    land in prompt_columns.jsonl, the ids in the token stream, and the request table reads them
+    by request_uuid."""
     streams = CallStreams(tmp_path, tokens=True, payloads=False)
     ctx = streams.context(INFO, chat, store_prompts=True)
     assert ctx.instrument is not None
@@ -131,8 +132,9 @@ def test_rows_go_out_at_once_and_their_prompt_columns_follow(
     inline = PromptInstrument(chat, None, store_prompts=True).columns(BODY, "u1", hints, 7, None)
     assert inline["prompt_token_count"] == 7 and inline["fixed_prefix_tokens"] == 4
     (record,) = prompt_columns.read(tmp_path)
-    assert record == {"request_uuid": "u1", **inline, "tokenized_on": "worker"}
-    assert prompt_columns.tokenized_on(tmp_path) == {"worker": 1}
+    assert record == {"request_uuid": "u1", **inline, "tokenized_on": "process"}
+    assert prompt_columns.tokenized_on(tmp_path) == {"process": 1}
+    assert not list(tmp_path.glob("*.jsonl.*")) and not list(tmp_path.glob("*.arrow.*"))
     assert load_tokens(tmp_path)["u1"].tolist() == list(chat.encode_text(chat.render(
         BODY["messages"])))  # fmt: skip
 
