@@ -192,3 +192,42 @@ def test_an_attached_engine_is_replayed_with_its_detected_family(tmp_path: Path)
     (run / "run.json").write_text(json.dumps(info))
     source = load_source(run)
     assert source.trace.engine is None and "'attach'" in source.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "lifted"),
+    [
+        (b'{"request_id":"a","token_ids":[5,0,17],"x":1}', [5, 0, 17]),
+        (b'{"token_ids":[],"request_id":"a"}', []),
+        (b'{"token_ids":[ 3 , 4 ],"request_id":"a"}', None),  # not compact: parsed whole
+        (b'{"token_ids":[1,2.5],"request_id":"a"}', None),  # a fraction: parsed whole, refused
+        (b'{"token_ids":[1,-2],"request_id":"a"}', None),
+        (b'{"token_ids":[1,true],"request_id":"a"}', None),
+        (b'{"token_ids":[1,[2]],"request_id":"a"}', None),
+        (b'{"token_ids":[9223372036854775808],"request_id":"a"}', None),  # 2**63: uint64 path
+        (b'{"token_ids":[1,,2],"request_id":"a"}', None),
+        (b'{"token_ids":[1,2,],"request_id":"a"}', None),
+        (b'{"request_id":"\\"token_ids\\":[1]","token_ids":[7]}', [7]),
+    ],
+)
+def test_token_ids_are_lifted_into_an_array_only_when_plain(
+    text: bytes, lifted: list | None
+) -> None:
+    ids, rest = jsonl.lifted_ids(text, b'"token_ids":[')
+    if lifted is None:
+        assert ids is None and rest == text
+    else:
+        assert ids is not None and ids.dtype == np.int64 and ids.tolist() == lifted
+        row = json.loads(rest)
+        assert row["token_ids"] == [] and row["request_id"] == json.loads(text)["request_id"]
+
+
+def test_lifted_and_parsed_lines_load_the_same(tmp_path: Path) -> None:
+    compact = tmp_path / "c.jsonl"
+    spaced = tmp_path / "s.jsonl"
+    rows = [{"request_id": f"r{i}", "token_ids": list(range(i, i + 9))} for i in range(5)]
+    compact.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    spaced.write_text("".join(json.dumps(r) + "\n" for r in rows))  # "token_ids": [ (not lifted)
+    a, b = (load_source(p, block_size=4).trace for p in (compact, spaced))
+    assert a.keys.tolist() == b.keys.tolist() and len(a.keys) == 10
+    assert a.prompt_tokens.tolist() == b.prompt_tokens.tolist() == [9] * 5

@@ -1,7 +1,10 @@
 """The two JSONL trace formats (sim/inputs/sources.py describes them) read into a Trace.
 
 Lines are parsed by orjson; id lists become numpy arrays in one call each and are checked whole
-(dtype, minimum), never token by token in Python. A token-id trace's prompts are hashed into
+(dtype, minimum), never token by token in Python. A token-id line's `token_ids` written compact
+(digits between single commas, as orjson and json.dumps(separators=(",", ":")) write them) is
+read by numpy straight from the line's bytes (`lifted_ids`), no Python int per token; any other
+form goes through orjson and the checks. A token-id trace's prompts are hashed into
 block keys a batch of about `blockkey.BATCH_TOKENS` tokens at a time while the file is read, so
 only the keys (one per block) stay in memory, not the token ids.
 
@@ -29,20 +32,54 @@ from kvscope.records.blockkey import BATCH_TOKENS
 from kvscope.sim.trace import Trace, chain_keys
 
 
-def lines(path: Path) -> Iterator[tuple[int, dict[str, Any], bytes]]:
+def lines(path: Path, lift: str | None = None) -> Iterator[tuple[int, dict[str, Any], bytes]]:
     """(line number from 1, object, the line) per non-blank line; a line that is not a JSON
-    object fails."""
-    with path.open("rb") as f:
+    object fails. `lift`: a field holding a list of ids, read by `lifted_ids` straight into
+    an int64 array where it can be (row[lift] is that array then), not as Python ints."""
+    key = None if lift is None else b'"' + lift.encode() + b'":['
+    with path.open("rb", buffering=1 << 20) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            ids, rest = lifted_ids(line, key) if key else (None, line)
             try:
-                row = orjson.loads(line)
+                row = orjson.loads(rest)
             except orjson.JSONDecodeError as err:
                 raise KvscopeError(f"{path}:{n}: not JSON ({err.msg})") from None
             if not isinstance(row, dict):
                 raise KvscopeError(f"{path}:{n}: not a JSON object")
+            if ids is not None:
+                if row.get(lift) != []:  # not where it seemed: read the whole line instead
+                    row = orjson.loads(line)
+                else:
+                    row[lift] = ids  # type: ignore[index]
             yield n, row, line
+
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def lifted_ids(line: bytes, key: bytes) -> tuple[np.ndarray | None, bytes]:
+    """(the ids of the list that follows `key` (`"name":[`) as int64, the line with the list
+    emptied) when that list is compact decimal integers (digits between single commas) below
+    2**63; else (None, line): the caller parses it whole (and refuses what is wrong)."""
+    a = line.find(key)
+    if a < 0:
+        return None, line
+    a += len(key)
+    b = line.find(b"]", a)
+    text = line[a:b]
+    if b < 0 or text.translate(None, b"0123456789,"):
+        return None, line
+    if not text:
+        ids = np.zeros(0, dtype=np.int64)
+    elif b",," in text or text[:1] == b"," or text[-1:] == b",":
+        return None, line
+    else:
+        ids = np.fromstring(text, dtype=np.int64, sep=",")  # C strtoll: saturates, never wraps
+        if len(ids) != text.count(b",") + 1 or (len(ids) and ids.max() == INT64_MAX):
+            return None, line
+    return ids, line[:a] + line[b:]
 
 
 def field_of(
@@ -74,6 +111,8 @@ def ids_of(path: Path, n: int, row: dict[str, Any], name: str, line: bytes) -> n
     """Field `name`, a list of integers from 0 to 2**64 - 1, as an int64 array (uint64 when an id
     is 2**63 or more), checked whole: the dtype numpy infers and the minimum. `line`: the raw
     line (numpy reads true as 1: a line with a true or false in it is checked id by id)."""
+    if isinstance(row.get(name), np.ndarray):  # lifted by `lines`: checked already
+        return row[name]
     values = field_of(path, n, row, name, list)
     if not values:
         return np.zeros(0, dtype=np.int64)
@@ -292,7 +331,7 @@ def read_token_trace(path: Path, block_size: int) -> tuple[Trace, list[str]]:
     """A token-id trace: keys are chained from the token ids (see the module doc); and notes."""
     rows, hasher = Rows(), _Hasher(block_size)
     no_output = 0
-    for n, row, line in lines(path):
+    for n, row, line in lines(path, lift="token_ids"):
         rid = str(field_of(path, n, row, "request_id", (str, int)))
         tokens = ids_of(path, n, row, "token_ids", line)
         given = row.get("output_length") is not None
