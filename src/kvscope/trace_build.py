@@ -26,7 +26,6 @@ is not handled here: `build_trace` answers None for such a trace, to be written 
 
 import base64
 import json
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -54,6 +53,9 @@ from mlflow.tracing.utils.environment import resolve_env_metadata
 from mlflow.tracing.utils.truncation import _get_truncated_preview
 
 from kvscope.probe.span_attributes import TOKEN_USAGE_KEY
+from kvscope.span_json import dump_value as _dump
+from kvscope.span_json import dumps as _dumps
+from kvscope.span_json import dumps_ascii as _dumps_ascii
 
 
 @dataclass
@@ -114,7 +116,6 @@ _ATTACHMENT_MARKS = (";base64,", '"b64_json"', '"input_audio"', '"inline_data"',
 _JSON_OPENERS = ("{", "[", '"')
 _JSON_FIRST = frozenset('{[" \t\n\r')
 _LOW64 = (1 << 64) - 1
-_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]  # ensure_ascii=False
 
 
 def environment_metadata() -> dict[str, str]:
@@ -368,8 +369,8 @@ def _stored(
     if cost:
         loose[SpanAttributeKey.LLM_COST] = _dump(cost)
     stored = span | {"attributes": span["attributes"] | loose} if loose else span
-    content = json.dumps(stored, ensure_ascii=False)
-    size = len(content) if not loose and content.isascii() else len(json.dumps(span))
+    content = _dumps(stored)
+    size = len(content) if not loose and content.isascii() else len(_dumps_ascii(span))
     return content, size
 
 
@@ -380,19 +381,6 @@ def _is_json_text(text: str) -> bool:
         return isinstance(json.loads(text), (str, dict, list))
     except ValueError:
         return False
-
-
-def _dump(value: Any) -> str:
-    """mlflow.tracing.utils.dump_span_attribute_value (JSON, non-ASCII kept) for kvscope's
-    values, the common types without json.dumps' per-call cost."""
-    kind = type(value)
-    if kind is str:
-        return _encode_str(value)
-    if kind is int:
-        return int.__repr__(value)
-    if kind is float and math.isfinite(value):
-        return float.__repr__(value)
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _b64(value: int, size: int) -> str:
