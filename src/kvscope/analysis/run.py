@@ -191,6 +191,7 @@ def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
     if sampled and (evicted := reconciled_evictions(block_rows, series, counter_delta)):
         checks.append(evicted)
     order = agent_order(rows)
+    calls = latency.call_rows(table, fit)  # once: the per-agent and per-workflow views read it
     return RunAnalysis(
         run_dir=run_dir,
         label=label or run_dir.name,
@@ -205,9 +206,9 @@ def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
         transitions=transitions.transitions(table, order),
         predictability=predictability(rows),
         fit=fit,
-        calls=latency.call_rows(table, fit),
-        latency=latency.agent_breakdown(table, fit),
-        workflows=latency.workflow_breakdown(table, fit),
+        calls=calls,
+        latency=latency.agent_breakdown(table, fit, calls=calls),
+        workflows=latency.workflow_breakdown(table, fit, calls),
         series=series,
         scrape=metrics.read_gaps(gaps)[0] if gaps.exists() else None,
         scrape_error=(info.get("capture") or {}).get("scrape_error"),
