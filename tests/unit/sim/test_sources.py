@@ -231,3 +231,17 @@ def test_lifted_and_parsed_lines_load_the_same(tmp_path: Path) -> None:
     a, b = (load_source(p, block_size=4).trace for p in (compact, spaced))
     assert a.keys.tolist() == b.keys.tolist() and len(a.keys) == 10
     assert a.prompt_tokens.tolist() == b.prompt_tokens.tolist() == [9] * 5
+
+
+def test_hash_ids_lifted_or_parsed_load_the_same(tmp_path: Path) -> None:
+    ids = [[1, 2, 3], [(1 << 64) - 1, 1 << 63], [7, 0]]  # the second: beyond int64, parsed whole
+    rows = [
+        {"timestamp": i, "input_length": 2 * len(h), "output_length": 1, "hash_ids": h}
+        for i, h in enumerate(ids)
+    ]
+    compact, spaced = tmp_path / "c.jsonl", tmp_path / "s.jsonl"
+    compact.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    spaced.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = (load_source(p, block_size=2).trace for p in (compact, spaced))
+    assert a.keys.dtype == b.keys.dtype == np.uint64
+    assert a.keys.tolist() == b.keys.tolist() == [k for h in ids for k in h]

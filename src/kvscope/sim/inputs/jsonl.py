@@ -3,10 +3,11 @@
 Lines are parsed by orjson; id lists become numpy arrays in one call each and are checked whole
 (dtype, minimum), never token by token in Python. A token-id line's `token_ids` written compact
 (digits between single commas, as orjson and json.dumps(separators=(",", ":")) write them) is
-read by numpy straight from the line's bytes (`lifted_ids`), no Python int per token; any other
-form goes through orjson and the checks. A token-id trace's prompts are hashed into
-block keys a batch of about `blockkey.BATCH_TOKENS` tokens at a time while the file is read, so
-only the keys (one per block) stay in memory, not the token ids.
+read by numpy straight from the line's bytes (`lifted_ids`), no Python int per token, and so is
+a Mooncake line's compact `hash_ids`; any other form goes through orjson and the checks. A
+token-id trace's prompts are hashed into block keys a batch of about `blockkey.BATCH_TOKENS`
+tokens at a time while the file is read, so only the keys (one per block) stay in memory, not
+the token ids.
 
 What is refused, each as a KvscopeError naming the file, the line and the field: a line that is
 not a JSON object; a missing field or one of the wrong type; a negative length; an id that is
@@ -32,16 +33,18 @@ from kvscope.records.blockkey import BATCH_TOKENS
 from kvscope.sim.trace import Trace, chain_keys
 
 
-def lines(path: Path, lift: str | None = None) -> Iterator[tuple[int, dict[str, Any], bytes]]:
+def lines(
+    path: Path, lift: str | None = None, dtype: type = np.int64
+) -> Iterator[tuple[int, dict[str, Any], bytes]]:
     """(line number from 1, object, the line) per non-blank line; a line that is not a JSON
     object fails. `lift`: a field holding a list of ids, read by `lifted_ids` straight into
-    an int64 array where it can be (row[lift] is that array then), not as Python ints."""
+    an array of `dtype` where it can be (row[lift] is that array then), not as Python ints."""
     key = None if lift is None else b'"' + lift.encode() + b'":['
     with path.open("rb", buffering=1 << 20) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            ids, rest = lifted_ids(line, key) if key else (None, line)
+            ids, rest = lifted_ids(line, key, dtype) if key else (None, line)
             try:
                 row = orjson.loads(rest)
             except orjson.JSONDecodeError as err:
@@ -56,13 +59,11 @@ def lines(path: Path, lift: str | None = None) -> Iterator[tuple[int, dict[str, 
             yield n, row, line
 
 
-INT64_MAX = np.iinfo(np.int64).max
-
-
-def lifted_ids(line: bytes, key: bytes) -> tuple[np.ndarray | None, bytes]:
-    """(the ids of the list that follows `key` (`"name":[`) as int64, the line with the list
-    emptied) when that list is compact decimal integers (digits between single commas) below
-    2**63; else (None, line): the caller parses it whole (and refuses what is wrong)."""
+def lifted_ids(line: bytes, key: bytes, dtype: type = np.int64) -> tuple[np.ndarray | None, bytes]:
+    """(the ids of the list that follows `key` (`"name":[`) as `dtype` (int64 or uint64), the
+    line with the list emptied) when that list is compact decimal integers (digits between
+    single commas) below dtype's maximum; else (None, line): the caller parses it whole (and
+    refuses what is wrong)."""
     a = line.find(key)
     if a < 0:
         return None, line
@@ -72,12 +73,12 @@ def lifted_ids(line: bytes, key: bytes) -> tuple[np.ndarray | None, bytes]:
     if b < 0 or text.translate(None, b"0123456789,"):
         return None, line
     if not text:
-        ids = np.zeros(0, dtype=np.int64)
+        ids = np.zeros(0, dtype=dtype)
     elif b",," in text or text[:1] == b"," or text[-1:] == b",":
         return None, line
     else:
-        ids = np.fromstring(text, dtype=np.int64, sep=",")  # C strtoll: saturates, never wraps
-        if len(ids) != text.count(b",") + 1 or (len(ids) and ids.max() == INT64_MAX):
+        ids = np.fromstring(text, dtype=dtype, sep=",")  # C strtoll/strtoull: saturates
+        if len(ids) != text.count(b",") + 1 or (len(ids) and ids.max() == np.iinfo(dtype).max):
             return None, line
     return ids, line[:a] + line[b:]
 
@@ -292,7 +293,7 @@ def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int
 def read_mooncake(path: Path, block_size: int) -> Trace:
     """A Mooncake trace: `hash_ids` are the block keys (see the module doc)."""
     rows, keys = Rows(), KeyChunks()
-    for n, row, line in lines(path):
+    for n, row, line in lines(path, lift="hash_ids", dtype=np.uint64):
         start = float(field_of(path, n, row, "timestamp", (int, float)))
         length = length_of(path, n, row, "input_length")
         output = length_of(path, n, row, "output_length")
