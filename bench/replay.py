@@ -23,6 +23,8 @@ a child. The two are installed by this bench in their own venv (ANCHORS_VENV, de
 ~/.cache/kvscope-bench/anchors), never in kvscope's. kvscope runs --prompt-only, vLLM semantics
 head-first (kvlint's rules: expected equal) and SGLang semantics (prefixlens evicts single
 pages, SGLang whole nodes: not expected equal).
+`--limit`: instead, issue 31's limit (bench/replay_limit.py): a 100k-request trace from
+hash_ids and from token ids, kvscope against kvlint's streamed simulator, and the LRU sweep.
 `--load-tokens N`: instead, how long `load_source` takes to read a token-id trace (JSONL) of
 about N prompt tokens over `--requests` requests and the same requests as a Mooncake trace
 (--block-size), each in a child process: CPU and wall seconds, peak RSS.
@@ -375,6 +377,11 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--limit":
+        from replay_limit import main as limit_main
+
+        limit_main(sys.argv[2:])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--load-worker":
         load_worker(sys.argv[2], int(sys.argv[3]))

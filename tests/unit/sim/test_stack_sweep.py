@@ -11,6 +11,7 @@ from sim_helpers import make_trace, random_trace
 
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.result import SimResult
+from kvscope.sim.caches.stack import _count_rows
 from kvscope.sim.inputs.sources import Source, load_source
 from kvscope.sim.orders.base import LRUOrder
 from kvscope.sim.plan import make_plan, run_cell, run_plan
@@ -130,3 +131,13 @@ def test_run_plan_sweeps_lru_transparently(jobs: int) -> None:
         for d in (mine, theirs):
             d.pop("seconds"), d.pop("method")
         assert mine == theirs
+
+
+def test_harm_rows_are_counted_the_same_packed_or_as_rows() -> None:
+    rng = np.random.default_rng(0)
+    req, evictor, owner = (rng.integers(0, 5, size=400) for _ in range(3))
+    owner[:5] = -1
+    packed = _count_rows(req, evictor, owner, n=1000)
+    rows = _count_rows(req, evictor, owner, n=1 << 21)
+    assert np.array_equal(packed[0], rows[0]) and np.array_equal(packed[1], rows[1])
+    assert packed[1].sum() == 400 and len(packed[0]) < 400

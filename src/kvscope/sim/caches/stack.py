@@ -227,7 +227,7 @@ def _harm(
         req = np.concatenate([np.full(len(r[1]), r[0], dtype=np.int64) for r in rows])
         stored = np.concatenate([r[1] for r in rows])
         t = np.concatenate([r[2] for r in rows])
-        own = np.concatenate([r[3] for r in rows]).astype(np.int64)
+        own = np.concatenate([r[3] for r in rows])  # int32, a column at a time to int64
     else:
         req = stored = t = np.zeros(0, dtype=np.int64)
         own = np.zeros((0, nc), dtype=np.int64)
@@ -236,9 +236,7 @@ def _harm(
         pick = stored > k
         step = np.searchsorted(bound[:, k], t[pick], side="right")
         evictor = order[np.minimum(step, len(order) - 1)]
-        table = np.stack([req[pick], evictor, own[pick, k]], axis=1)
-        uniq, blocks = np.unique(table, axis=0, return_counts=True)
-        uniq = uniq.reshape(-1, 3)
+        uniq, blocks = _count_rows(req[pick], evictor, own[pick, k].astype(np.int64), len(order))
         out.append(
             {
                 "harm_request": uniq[:, 0].astype(np.int64),
@@ -248,3 +246,19 @@ def _harm(
             }
         )
     return out
+
+
+def _count_rows(
+    req: np.ndarray, evictor: np.ndarray, owner: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (request, evictor, owner) rows, sorted, and how often each occurs. Packed
+    into one int64 per row when request indices fit 21 bits (a 1-D sort), else sorted as rows."""
+    if n < 1 << 20:
+        packed = (req << 42) | (evictor << 21) | (owner + 1)
+        keys, counts = np.unique(packed, return_counts=True)
+        mask = (1 << 21) - 1
+        rows = np.stack([keys >> 42, (keys >> 21) & mask, (keys & mask) - 1], axis=1)
+        return rows, counts
+    table = np.stack([req, evictor, owner], axis=1)
+    rows, counts = np.unique(table, axis=0, return_counts=True)
+    return rows.reshape(-1, 3), counts
