@@ -8,8 +8,8 @@
 Publish's other work (figures, report: matplotlib, pure Python) and the traces (plan, build,
 insert: pure Python and SQLite) each keep one core busy; a thread would share the GIL, a child
 process runs beside it. The child (`python -m kvscope.trace_job`, a fresh interpreter: no fork
-of a process holding MLflow's and pyarrow's threads) reads the finalized requests.parquet and
-the run's streams, writes as `kvscope.traces.write_traces` does, drains MLflow's queue (traces
+of a process holding MLflow's and pyarrow's threads) reads the run's streams (payloads, tools:
+while the table is finalized), then the finalized requests.parquet, writes as `kvscope.traces.write_traces` does, drains MLflow's queue (traces
 written the fluent way) and leaves its TraceWrite as JSON in a result file.
 
 `wait` answers None only where the child wrote nothing (it failed before its first write: the
@@ -123,9 +123,10 @@ def main(argv: list[str]) -> int:
     from mlflow import MlflowClient
 
     from kvscope.records.run_dir import RunDir
-    from kvscope.traces import write_traces
+    from kvscope.traces import Streams, write_traces
 
     run_dir, uri, experiment_id, run_id = Path(argv[0]), argv[1], argv[2], argv[3]
+    streams = Streams.load(run_dir)  # written during the run: read while the table is made
     if sys.stdin.buffer.readline() != GO:  # never told: the parent went on without traces
         return 0
     mlflow.set_tracking_uri(uri)  # the fluent writer's traces, where any
@@ -135,7 +136,7 @@ def main(argv: list[str]) -> int:
         (run_dir / PLANNED).write_text(str(count))
 
     done = write_traces(run_dir, table, client=MlflowClient(uri), experiment_id=experiment_id,
-                        run_id=run_id, on_planned=planned)  # fmt: skip
+                        run_id=run_id, on_planned=planned, streams=streams)  # fmt: skip
     mlflow.flush_trace_async_logging()
     (run_dir / RESULT).write_text(json.dumps(asdict(done)))
     return 0

@@ -79,6 +79,23 @@ class TraceWrite:
         return self.written + self.app_linked
 
 
+@dataclass(frozen=True)
+class Streams:
+    """What the traces take from the run directory besides the finalized table: its tool runs,
+    its calls' payloads, its invocations that raised. Written during the run (finalize leaves
+    them as they are): trace_job.py reads them while the table is being finalized."""
+
+    tools: list[ToolCall]
+    payloads: dict[str, CallPayload]
+    raised: dict[str, InvocationError]
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Streams":
+        with _gc_paused():
+            return cls(load_tools(run_dir), load_payloads(run_dir),
+                       load_invocation_errors(run_dir))  # fmt: skip
+
+
 def write_traces(
     run_dir: Path,
     requests: pa.Table,
@@ -88,15 +105,17 @@ def write_traces(
     run_id: str,
     bulk: bool = True,
     on_planned: Callable[[int], None] = lambda _: None,
+    streams: Streams | None = None,
 ) -> TraceWrite:
     """Write the traces of `requests` (the finalized table) with the run dir's tools.jsonl and
-    payloads.jsonl, linked to `run_id`: in bulk where the store takes it, the rest (all:
-    `bulk=False`) through MLflow's export queue (flush before auditing: TrackingRun.finish
-    does). `on_planned` hears how many traces kvscope writes before the first is written."""
+    payloads.jsonl (`streams`: those read already), linked to `run_id`: in bulk where the store
+    takes it, the rest (all: `bulk=False`) through MLflow's export queue (flush before
+    auditing: TrackingRun.finish does). `on_planned` hears how many traces kvscope writes
+    before the first is written."""
+    streams = streams or Streams.load(run_dir)
     with _gc_paused():
         rows = requests.to_pylist()
-        plans = plan_traces(rows, load_tools(run_dir), load_payloads(run_dir),
-                            load_invocation_errors(run_dir))  # fmt: skip
+        plans = plan_traces(rows, streams.tools, streams.payloads, streams.raised)
         on_planned(len(plans))
         fluent = write_bulk(plans, client.tracking_uri, experiment_id, run_id) if bulk else plans
         pace = Pace()

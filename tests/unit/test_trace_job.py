@@ -12,8 +12,8 @@ import pytest
 from helpers import ROOT
 from test_traces import open_run, store  # noqa: F401  (store: a fixture)
 
-import kvscope.publish
 import kvscope.trace_job
+import kvscope.traces
 from kvscope.analysis.run import RunAnalysis, analyze_run
 from kvscope.finalize import finalize
 from kvscope.probe.child import CAPTURE_ENV
@@ -38,7 +38,7 @@ def test_the_child_writes_every_trace(
     def not_here(*_: object, **__: object) -> TraceWrite:
         raise AssertionError("written in publish's process")
 
-    monkeypatch.setattr(kvscope.publish, "write_traces", not_here)
+    monkeypatch.setattr(kvscope.traces, "write_traces", not_here)  # publish imports it late
     analysis = recorded(store, "child")
     run = open_run(store, "child")
     outcome = publish(analysis, run, WorkloadOutcome())
