@@ -9,8 +9,9 @@ Publish's other work (figures, report: matplotlib, pure Python) and the traces (
 insert: pure Python and SQLite) each keep one core busy; a thread would share the GIL, a child
 process runs beside it. The child (`python -m kvscope.trace_job`, a fresh interpreter: no fork
 of a process holding MLflow's and pyarrow's threads) reads the run's streams (payloads, tools:
-while the table is finalized), then the finalized requests.parquet, writes as `kvscope.traces.write_traces` does, drains MLflow's queue (traces
-written the fluent way) and leaves its TraceWrite as JSON in a result file.
+while the table is finalized), then the finalized requests.parquet, writes as
+`kvscope.traces.write_traces` does, drains MLflow's queue (traces written the fluent way) and
+leaves its TraceWrite as JSON in a result file.
 
 `wait` answers None only where the child wrote nothing (it failed before its first write: the
 caller writes the traces itself, none twice). A child that fails after it began writing is not
