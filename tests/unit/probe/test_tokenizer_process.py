@@ -2,40 +2,18 @@
 are tokenized there exactly as in-process; where the process cannot take a call the thread
 tokenizes it itself; a forked child starts a process of its own; nothing is lost or doubled."""
 
-import json
 import os
 import time
 from pathlib import Path
 
-import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.streams import CallStreams
 from kvscope.probe.tokens import ChatTokenizer
-from kvscope.probe.wire import RunInfo
+from kvscope.probe.wire import Instrument, RunInfo
 from kvscope.records import prompt_columns
 from kvscope.records.tokens import load_tokens
 
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 INFO = RunInfo("run", "exp", "h", "app", None, "m", None)
-
-
-@pytest.fixture
-def chat(tmp_path: Path) -> ChatTokenizer:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]", vocab={"[UNK]": 0}))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_tokens([f"w{i}" for i in range(50)] + ["<|system|>", "<|user|>", "<|assistant|>"])
-    folder = tmp_path / "model"
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    made = ChatTokenizer.from_model_dir(folder)
-    assert made is not None and made.model_dir == folder
-    return made
 
 
 def body(i: int) -> dict:
@@ -50,6 +28,14 @@ def run_dir(tmp_path: Path) -> Path:
     return path
 
 
+def capture(out: Path, chat: ChatTokenizer) -> tuple[CallStreams, Instrument]:
+    """A capture's streams in `out` and its instrument, tokenizing in the process."""
+    streams = CallStreams(out, tokens=True, payloads=False)
+    ctx = streams.context(INFO, chat, store_prompts=False)
+    assert ctx.instrument is not None and streams.tokenizer_process is not None
+    return streams, ctx.instrument
+
+
 def wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout_s
     while not predicate():
@@ -61,11 +47,9 @@ def test_many_calls_are_tokenized_in_the_process_as_in_process(
     tmp_path: Path, chat: ChatTokenizer
 ) -> None:
     out = run_dir(tmp_path)
-    streams = CallStreams(out, tokens=True, payloads=False)
-    ctx = streams.context(INFO, chat, store_prompts=False)
-    assert ctx.instrument is not None
+    streams, instrument = capture(out, chat)
     for i in range(300):
-        assert ctx.instrument(body(i), f"u{i}", {"fixed_messages": 1}, None, None, None) == {}
+        assert instrument(body(i), f"u{i}", {"fixed_messages": 1}, None, None, None) == {}
     streams.close()
     inline = PromptInstrument(chat, None)
     records = {r["request_uuid"]: r for r in prompt_columns.read(out)}
@@ -84,17 +68,15 @@ def test_a_process_that_died_leaves_the_calls_to_the_thread(
     tmp_path: Path, chat: ChatTokenizer
 ) -> None:
     out = run_dir(tmp_path)
-    streams = CallStreams(out, tokens=True, payloads=False)
-    ctx = streams.context(INFO, chat, store_prompts=False)
-    assert ctx.instrument is not None and streams.tokenizer_process is not None
-    ctx.instrument(body(1), "first", {}, None, None, None)
+    streams, instrument = capture(out, chat)
+    instrument(body(1), "first", {}, None, None, None)
     wait_for(lambda: any(p.stat().st_size for p in out.glob("prompt_columns.jsonl.*")))
     proc = streams.tokenizer_process._proc
     assert proc is not None
     proc.kill()
     proc.wait()
     for i in range(2, 6):
-        ctx.instrument(body(i), f"later{i}", {}, None, None, None)
+        instrument(body(i), f"later{i}", {}, None, None, None)
     streams.close()
     where = {r["request_uuid"]: r["tokenized_on"] for r in prompt_columns.read(out)}
     assert where == {"first": "process", **{f"later{i}": "worker" for i in range(2, 6)}}
@@ -105,10 +87,8 @@ def test_a_forked_child_tokenizes_in_a_process_of_its_own(
     tmp_path: Path, chat: ChatTokenizer
 ) -> None:
     out = run_dir(tmp_path)
-    streams = CallStreams(out, tokens=True, payloads=False)
-    ctx = streams.context(INFO, chat, store_prompts=False)
-    assert ctx.instrument is not None and streams.tokenizer_process is not None
-    ctx.instrument(body(1), "parent-1", {}, None, None, None)
+    streams, instrument = capture(out, chat)
+    instrument(body(1), "parent-1", {}, None, None, None)
     wait_for(lambda: streams.tokenizer_process is not None and streams.tokenizer_process.sent == 1)
     parent_proc = streams.tokenizer_process._proc
     pid = os.fork()
@@ -116,14 +96,14 @@ def test_a_forked_child_tokenizes_in_a_process_of_its_own(
         code = 1
         try:
             streams.reopen(f".{os.getpid()}")
-            ctx.instrument(body(2), "child-1", {}, None, None, None)
+            instrument(body(2), "child-1", {}, None, None, None)
             streams.close()
             code = 0 if streams.tokenizer_process._proc is None else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    ctx.instrument(body(3), "parent-2", {}, None, None, None)
+    instrument(body(3), "parent-2", {}, None, None, None)
     assert streams.tokenizer_process._proc is parent_proc  # the parent's is still its own
     streams.close()
     records = prompt_columns.read(out)

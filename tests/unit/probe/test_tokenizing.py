@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.streams import CallStreams
@@ -20,25 +19,7 @@ from kvscope.records import prompt_columns
 from kvscope.records.requests import load_table
 from kvscope.records.tokens import load_tokens
 
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 INFO = RunInfo("run", "exp", "h", "app", None, "m", None)
-
-
-@pytest.fixture
-def chat(tmp_path: Path) -> ChatTokenizer:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]", vocab={"[UNK]": 0}))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_tokens([f"w{i}" for i in range(50)] + ["<|system|>", "<|user|>", "<|assistant|>"])
-    folder = tmp_path / "model"
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    made = ChatTokenizer.from_model_dir(folder)
-    assert made is not None
-    return made
 
 
 def test_jobs_run_once_each_on_the_workers_thread_in_order() -> None:
