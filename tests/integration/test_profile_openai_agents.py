@@ -36,3 +36,28 @@ def test_profile_names_the_agents_sdk_apps_agents(
         thread = None if flags else f"customer-{n}"  # the run's group_id, when traced
         assert {r["thread_id"] for r in mine} == {thread}
         assert all(r["tool_ms"] is None for r in mine)  # billing's tool ran after its call
+
+
+def test_profile_the_sdks_default_responses_model(up: Up, tmp_path: Path) -> None:
+    """`--responses`: the SDK's default model posts to /v1/responses; every call a row named by
+    its agent, the rows reconcile exactly with the engine. vLLM 0.32.0 does not enforce a named
+    tool_choice there (it parses the call the model writes), so whether triage hands off is the
+    model's choice: billing, where it appears, follows triage."""
+    program = (sys.executable, str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
+    done, run_dir = profile_cli(up, tmp_path, *program, "--responses")
+    assert done.returncode == 0, done.stderr
+    assert "not profiled" not in done.stderr  # the old "/v1/responses is not a row" warning
+    rows: list[dict[str, Any]] = rows_of(run_dir)
+    assert rows and all(r["status"] == "ok" for r in rows)
+    assert f"{len(rows)} LLM calls in 2 workflows" in done.stderr  # rows = calls
+    assert "reconcile prompt_tokens_total" in done.stderr and "exact" in done.stderr
+    runs = list(dict.fromkeys(r["workflow_run_id"] for r in rows))
+    assert len(runs) == 2
+    for n, run in enumerate(runs, 1):
+        mine = [r for r in rows if r["workflow_run_id"] == run]
+        assert mine[0]["agent_id"] == "triage" and mine[0]["previous_agent_id"] is None
+        assert all(r["previous_agent_id"] == "triage" for r in mine if r["agent_id"] == "billing")
+        assert {r["agent_id"] for r in mine} <= {"triage", "billing"}
+        assert {r["thread_id"] for r in mine} == {f"customer-{n}"}
+    assert all(r["prompt_tokens"] and r["output_tokens"] and r["e2e_ms"] for r in rows)
+    assert all(r["sglang_response_id"] == r["request_uuid"] for r in rows)  # vLLM's response id

@@ -6,8 +6,9 @@
 
 While an Interceptor is active, `send` of httpx's and httpx2's Client and AsyncClient (the OpenAI
 SDK >= 3 speaks httpx2, older ones httpx; ChatOpenAI goes through the SDK) is wrapped, for every
-client of the process, also ones made before. A POST to `<base_url>/v1/chat/completions` or
-`<base_url>/v1/completions` with a JSON body is a call: it is named (probe/identity.py), tagged
+client of the process, also ones made before. A POST to `<base_url>/v1/chat/completions`,
+`<base_url>/v1/completions` or `<base_url>/v1/responses` (OpenAI's Responses API, the OpenAI
+Agents SDK's default model) with a JSON body is a call: it is named (probe/identity.py), tagged
 and observed (probe/wire.py), and its row goes to `ctx.sink` when the app has read the reply to
 its end, closed it, or the call raised. Calls to anything else pass untouched. A failed call (HTTP
 error, connection error, timeout, stream cut off) is a row with status and error_type, and the
@@ -34,7 +35,8 @@ from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
 
 log = logging.getLogger(__name__)
-CALL_PATHS = ("/v1/chat/completions", "/v1/completions")
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API (probe/wire.py: what differs)
+CALL_PATHS = ("/v1/chat/completions", "/v1/completions", RESPONSES_PATH)
 
 
 class Interceptor:
@@ -56,7 +58,7 @@ class Interceptor:
         self._depth = 0
 
     def matches(self, request: Any) -> bool:
-        """A POST to the engine's chat or completions path (a loopback engine is the same
+        """A POST to the engine's chat, completions or responses path (a loopback engine is the same
         engine under any loopback name: localhost, 127.0.0.1, [::1])."""
         if request.method != "POST":
             return False
@@ -73,7 +75,8 @@ class Interceptor:
             return None
         if not isinstance(body, dict):
             return None
-        return InFlight(self.ctx, self.engine, body, identify())
+        responses = request.url.path.endswith(RESPONSES_PATH)
+        return InFlight(self.ctx, self.engine, body, identify(), responses=responses)
 
     def __enter__(self) -> "Interceptor":
         with _LOCK:
@@ -119,35 +122,12 @@ def _claim(request: Any) -> InFlight | None:
     with _LOCK:
         owner = next((i for i in reversed(_ACTIVE) if i.matches(request)), None)
     if owner is None:
-        _not_a_call(request)
         return None
     try:
         return owner.begin(request)
     except Exception:  # never break the app's call for kvscope's sake
         log.exception("kvscope: could not intercept a call; it goes out untouched")
         return None
-
-
-RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API: not a row (see _not_a_call)
-_WARNED: set[str] = set()
-
-
-def _not_a_call(request: Any) -> None:
-    """Say once that a POST to the engine's Responses API went out unseen: kvscope measures chat
-    completions and completions only (the OpenAI Agents SDK's default model speaks Responses)."""
-    if request.method != "POST" or not request.url.path.endswith(RESPONSES_PATH) or _WARNED:
-        return
-    with _LOCK:
-        base = request.url.copy_with(path=request.url.path[: -len(RESPONSES_PATH)] + CALL_PATHS[0])
-        if not any(i.matches(request.__class__("POST", base)) for i in _ACTIVE) or _WARNED:
-            return
-        _WARNED.add(RESPONSES_PATH)
-    log.warning(
-        "kvscope: a request to the engine's %s (OpenAI Responses API) is not profiled: only "
-        "chat completions and completions are rows. For the OpenAI Agents SDK, give the agents "
-        "OpenAIChatCompletionsModel or call agents.set_default_openai_api('chat_completions')",
-        RESPONSES_PATH,
-    )
 
 
 def _rebuilt(lib: Any, request: Any, call: InFlight) -> Any:

@@ -12,7 +12,25 @@ call's stream, usage and failure are read the same way:
   completion_tokens_details.reasoning_tokens, from the usage chunk of a stream or the body of a
   reply; what the engine did not report stays None.
 - a failure is (status, error_type, error_message): `timeout`, `http_<code>`, `connection`,
-  `malformed_stream`, `incomplete_stream`.
+  `malformed_stream`, `incomplete_stream`, `response_failed`.
+
+The Responses API (/v1/responses) is read into the same columns (`Seen.take_event`,
+`Seen.take_response`; what vLLM 0.32.0 sends, read in its entrypoints/openai/responses/):
+
+- a stream is typed SSE events, `event: <type>` and `data: {"type": <type>, ...}`, with no
+  `[DONE]`: `response.created` carries the response id, `response.output_text.delta` and
+  `response.reasoning_text.delta` / `response.reasoning_summary_text.delta` the generated text
+  (TTFT, TPOT as for chat), and `response.completed` (or `response.incomplete`) the whole
+  response, whose usage is always there: no `stream_options` to ask for it. A non-streamed reply
+  is that response object.
+- usage: input_tokens -> prompt_tokens, output_tokens, input_tokens_details.cached_tokens,
+  output_tokens_details.reasoning_tokens (stored in the chat shape, `Seen.usage`).
+- finish_reason in chat's words: status `completed` -> `tool_calls` when an output item is a
+  function call, else `stop`; `incomplete` -> `length` for incomplete_details.reason
+  `max_output_tokens`, else that reason; any other status (`failed`, `cancelled`) as it is.
+- an `error` event, a `response.failed` event (its response's `error`) or a data line that is an
+  `{"error": ...}` object fails the call: `http_<code>` where the error's code is an HTTP status,
+  else `response_failed`, with its message.
 """
 
 import json
@@ -60,6 +78,8 @@ class Seen:
     final: dict[str, Any] | None = None
     finish_reason: str | None = None
     response_id: str | None = None
+    error: tuple[str, str] | None = None  # (error_type, message) a Responses stream reported
+    ended: bool = False  # a Responses stream's terminal event arrived
 
     def take_chunk(self, chunk: dict[str, Any], now: float) -> None:
         """One streamed chunk (chat `delta.content` or completions `text`, or a reasoning
@@ -90,6 +110,88 @@ class Seen:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         self.usage = body.get("usage") or None
         self.final = body
+
+    def take_event(self, event: dict[str, Any], now: float) -> None:
+        """One streamed Responses API event (module docstring), read at `now`."""
+        kind = event.get("type")
+        if kind in _TEXT_DELTAS or kind in _THOUGHT_DELTAS:
+            delta = event.get("delta")
+            if delta:
+                if self.first_token is None:
+                    self.first_token = now
+                self.last_token = now
+                if kind in _TEXT_DELTAS:
+                    self.content += delta
+        elif kind in ("response.created", "response.in_progress"):
+            response = event.get("response") or {}
+            self.response_id = self.response_id or response.get("id")
+        elif kind in _RESPONSE_ENDS:
+            self.ended = True
+            self.take_response(event["response"], streamed=True)
+        elif kind == "error" or "error" in event:
+            self.ended = True
+            self.error = _error(event.get("error") if "error" in event else event)
+
+    def take_response(self, body: dict[str, Any], streamed: bool = False) -> None:
+        """A whole Responses API response: a non-streamed reply, or the one a stream's
+        terminal event carries (`streamed`: its text was read from the deltas)."""
+        self.response_id = body.get("id") or self.response_id
+        output = body.get("output") or []
+        if not streamed:
+            self.content = "".join(
+                part.get("text") or ""
+                for item in output
+                if item.get("type") == "message"
+                for part in item.get("content") or []
+                if part.get("type") == "output_text"
+            )
+        usage = body.get("usage")
+        if usage:
+            self.usage = _chat_usage(usage)
+        self.final = body
+        status = body.get("status")
+        if status == "completed":
+            calls = any(item.get("type") == "function_call" for item in output)
+            self.finish_reason = "tool_calls" if calls else "stop"
+        elif status == "incomplete":
+            reason = (body.get("incomplete_details") or {}).get("reason")
+            self.finish_reason = "length" if reason == "max_output_tokens" else reason
+        elif isinstance(status, str):
+            self.finish_reason = status
+        if status == "failed":
+            self.error = _error(body.get("error") or {})
+
+
+_TEXT_DELTAS = ("response.output_text.delta",)
+_THOUGHT_DELTAS = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
+_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def _chat_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API usage in the chat shape that `measured` reads (a count it lacks: None)."""
+    details = usage.get("input_tokens_details")
+    out_details = usage.get("output_tokens_details")
+    return {
+        "prompt_tokens": usage.get("input_tokens"),
+        "completion_tokens": usage.get("output_tokens"),
+        "prompt_tokens_details": {
+            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None
+        },
+        "completion_tokens_details": {
+            "reasoning_tokens": (
+                out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
+            )
+        },
+    }
+
+
+def _error(error: Any) -> tuple[str, str]:
+    """(error_type, message) of a Responses API error object (`code`, `message`)."""
+    if not isinstance(error, dict):
+        return "response_failed", short(str(error))
+    code = error.get("code")
+    http = isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600
+    return f"http_{code}" if http else "response_failed", short(str(error.get("message") or code))
 
 
 def measured(seen: Seen, t0: float, t_end: float, start_ns: int) -> dict[str, Any]:

@@ -23,6 +23,15 @@ What changes on the wire, and what the app sees of it:
 - nothing else: other non-streamed replies and error replies reach the app as the engine sent
   them.
 
+A Responses API call (/v1/responses, `responses=True`) gets the engine tags and priority only
+(SGLang's `rid` sent as `request_id`: SGLang 0.5.23's ResponsesRequest ignores `rid` and takes
+its rid from `request_id`, as vLLM 0.32.0's does; both then answer with it as the response id):
+no `stream_options` (its stream always ends with the usage, in `response.completed`) and no
+prompt-ids field (vLLM 0.32.0's /v1/responses has no `return_token_ids`), so the app reads the
+engine's bytes unchanged, streamed or not. Its events and response are read by
+`Seen.take_event` / `Seen.take_response` (probe/measure.py); its prompt columns stay null (its
+`input` items are not chat messages: kvscope does not render them).
+
 The reply is read as the app reads it (TTFT and TPOT are on the app's clock); a compressed reply
 (Content-Encoding) is passed through but not parsed: its usage stays None.
 """
@@ -95,22 +104,32 @@ class InFlight:
     """A call from its request to the end of its reply; `finish` emits its one row, once."""
 
     def __init__(
-        self, ctx: CallContext, engine: Engine, body: dict[str, Any], ident: CallIdentity
+        self,
+        ctx: CallContext,
+        engine: Engine,
+        body: dict[str, Any],
+        ident: CallIdentity,
+        responses: bool = False,
     ) -> None:
-        self.ctx, self.engine, self.ident = ctx, engine, ident
+        """`responses`: a call to the Responses API (module docstring), else chat or
+        completions."""
+        self.ctx, self.engine, self.ident, self.responses = ctx, engine, ident, responses
         self.request_uuid = str(uuid.uuid4())
         # agent "": a call no agent is named for (the engine then sends no agent label)
         tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
+        if responses and "rid" in tags:  # SGLang's Responses API names its rid `request_id`
+            tags["request_id"] = tags.pop("rid")
         if ctx.hints is not None:  # under the app's own fields, like the tags
             tags |= engine.priority_fields(ctx.hints(ident))
         self.sent = body  # the app's own body, for the trace payload
-        added = {k: v for k, v in engine.prompt_ids_fields(body).items() if k not in body}
+        fields = {} if responses else engine.prompt_ids_fields(body)
+        added = {k: v for k, v in fields.items() if k not in body}
         self.body = {**tags, **body, **added}
         self.rewrite = bool(added)  # take what `added` brings out of the reply
         self.engine_ids: list[int] | None = None
         self.streaming = bool(body.get("stream"))
         options = body.get("stream_options") or {}
-        self.strip = self.streaming and not options.get("include_usage")
+        self.strip = self.streaming and not options.get("include_usage") and not responses
         if self.strip:
             self.body["stream_options"] = {**options, "include_usage": True}
         self.seen = Seen()
@@ -181,8 +200,11 @@ class InFlight:
             return event
         try:
             chunk = loads(data)
+            if self.responses:
+                self.seen.take_event(chunk, now)
+                return event
             self.seen.take_chunk(chunk, now)
-        except (ValueError, TypeError, AttributeError) as err:
+        except (ValueError, TypeError, AttributeError, KeyError) as err:
             self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
             return event
         if self.engine_ids is None:
@@ -253,11 +275,16 @@ class InFlight:
         if not self.sse:
             try:
                 reply = loads(self.buffer)
-                self.seen.take_reply(reply)
-                self.engine_ids = self.engine.reply_prompt_ids(reply)
+                if self.responses:
+                    self.seen.take_response(reply)
+                else:
+                    self.seen.take_reply(reply)
+                    self.engine_ids = self.engine.reply_prompt_ids(reply)
             except (ValueError, TypeError, AttributeError) as err:
                 return failure(ValueError(f"{type(err).__name__}: {err}"))
-        if self.seen.usage is None and not (self.ended or not self.sse):
+        if self.seen.error is not None:
+            return STATUS_ERROR, *self.seen.error
+        if self.seen.usage is None and not (self.ended or self.seen.ended or not self.sse):
             why = "the app closed the stream before its end" if early else "the stream ended early"
             return STATUS_ERROR, "incomplete_stream", why
         return None  # a whole reply without usage: ok, its token counts unknown (null)
@@ -274,7 +301,7 @@ class InFlight:
             columns["tpot_ms"] = None
         timings = self.engine.server_timings(self.seen.final) or {}
         columns |= {k: v for k in SERVER_TIMINGS if (v := timings.get(k)) is not None}
-        if ctx.instrument is not None:
+        if ctx.instrument is not None and not self.responses:
             try:
                 columns |= ctx.instrument(
                     self.sent, self.request_uuid, ident.hints, self.seen.final,

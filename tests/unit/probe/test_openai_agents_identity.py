@@ -19,7 +19,6 @@ from openai import AsyncOpenAI
 from test_identity import BASE, REPLY, profiled
 from vllm_stub import Stub
 
-from kvscope.probe import intercept
 from kvscope.records.requests import RequestRecord
 from kvscope.records.tools import ToolCall
 
@@ -205,27 +204,6 @@ def test_installs_when_the_sdk_is_imported_after_profiling_began() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(EXPECTED)
-
-
-def test_a_responses_api_call_is_not_a_row_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """The SDK's default model posts to /v1/responses: passed through untouched, warned once."""
-    seen: list[str] = []
-
-    def handle(request: httpx2.Request) -> httpx2.Response:
-        seen.append(request.url.path)
-        return httpx2.Response(404, json={"error": {"message": "no"}})
-
-    http = httpx2.Client(transport=httpx2.MockTransport(handle))
-    rows: list[RequestRecord] = []
-    intercept._WARNED.clear()  # once per process: as if none was sent before
-    with profiled(rows), caplog.at_level("WARNING", logger="kvscope.probe.intercept"):
-        http.post("http://elsewhere:8000/v1/responses", json={"model": "m", "input": "hi"})
-        assert caplog.records == []  # not the engine
-        for _ in range(2):
-            http.post(f"{BASE}/v1/responses", json={"model": "m", "input": "hi"})
-    assert rows == [] and seen == ["/v1/responses"] * 3
-    warned = [r.getMessage() for r in caplog.records if "/v1/responses" in r.getMessage()]
-    assert len(warned) == 1 and "OpenAIChatCompletionsModel" in warned[0]
 
 
 def test_a_failing_tool_is_a_tool_row_with_the_sdks_error() -> None:
