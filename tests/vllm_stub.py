@@ -146,3 +146,29 @@ class Stub:
                     yield event
 
         return Events()
+
+
+class Scripted(Stub):
+    """The stand-in vLLM scripted for tool-calling agents: a request offering the script's next
+    tool gets a call of it (one per request, in the script's order); the others the recording."""
+
+    def __init__(self, *script: str) -> None:
+        super().__init__()
+        self.script = list(script)
+
+    def transport(self, lib: Any, asynchronous: bool = False) -> Any:
+        plain = super().transport(lib, asynchronous)  # the recorded replies
+
+        def handle(request: Any) -> Any:
+            body = json.loads(request.content)
+            offered = {t["function"]["name"] for t in body.get("tools", [])}
+            if not self.script or self.script[0] not in offered:
+                return plain.handle_request(request)
+            self.received.append((str(request.url), body, dict(request.headers)))
+            function = {"name": self.script.pop(0), "arguments": "{}"}
+            call = {"id": f"c{len(self.received)}", "type": "function", "function": function}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            return lib.Response(200, json={**REPLY, "choices": [choice]})
+
+        return lib.MockTransport(handle)

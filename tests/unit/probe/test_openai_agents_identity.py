@@ -5,7 +5,6 @@ tracing on and off. The stand-in engine answers a request that offers the script
 (a hand-off is the `transfer_to_<agent>` tool) with a call of it."""
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -16,39 +15,14 @@ import httpx2
 import pytest
 from helpers import ROOT
 from openai import AsyncOpenAI
-from test_identity import BASE, REPLY, profiled
-from vllm_stub import Stub
+from test_identity import BASE, profiled
+from vllm_stub import Scripted
 
 from kvscope.records.requests import RequestRecord
 from kvscope.records.tools import ToolCall
 
 agents = pytest.importorskip("agents")
 TOOL_S = 0.05
-
-
-class Scripted(Stub):
-    """The stand-in vLLM; a request offering the script's next tool gets a call of it."""
-
-    def __init__(self, *script: str) -> None:
-        super().__init__()
-        self.script = list(script)
-
-    def transport(self, lib: Any, asynchronous: bool = False) -> Any:
-        plain = super().transport(lib, asynchronous)
-
-        def handle(request: Any) -> Any:
-            body = json.loads(request.content)
-            offered = {t["function"]["name"] for t in body.get("tools", [])}
-            if not self.script or self.script[0] not in offered:
-                return plain.handle_request(request)
-            self.received.append((str(request.url), body, dict(request.headers)))
-            function = {"name": self.script.pop(0), "arguments": "{}"}
-            call = {"id": f"c{len(self.received)}", "type": "function", "function": function}
-            message = {"role": "assistant", "content": None, "tool_calls": [call]}
-            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-            return lib.Response(200, json={**REPLY, "choices": [choice]})
-
-        return lib.MockTransport(handle)
 
 
 @pytest.fixture(autouse=True)

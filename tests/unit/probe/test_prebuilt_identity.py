@@ -5,7 +5,6 @@ the graph rules name the call (probe/identity.py): the agent is the named agent,
 a transition (previous_agent_id), a return to an agent its next turn. The stand-in engine
 answers a request that offers the next scripted tool with a call of it (a hand-off)."""
 
-import json
 import warnings
 from typing import Any
 
@@ -13,38 +12,13 @@ import httpx2
 import pytest
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
-from test_identity import BASE, REPLY, profiled
-from vllm_stub import Stub
+from test_identity import BASE, profiled
+from vllm_stub import Scripted, Stub
 
 from kvscope.records.requests import RequestRecord
 
 supervisor = pytest.importorskip("langgraph_supervisor")
 swarm = pytest.importorskip("langgraph_swarm")
-
-
-class Scripted(Stub):
-    """The stand-in vLLM; a request offering the script's next tool gets a call of it."""
-
-    def __init__(self, *script: str) -> None:
-        super().__init__()
-        self.script = list(script)
-
-    def transport(self, lib: Any, asynchronous: bool = False) -> Any:
-        plain = super().transport(lib, asynchronous)  # the recorded replies
-
-        def handle(request: Any) -> Any:
-            body = json.loads(request.content)
-            offered = {t["function"]["name"] for t in body.get("tools", [])}
-            if not self.script or self.script[0] not in offered:
-                return plain.handle_request(request)
-            self.received.append((str(request.url), body, dict(request.headers)))
-            function = {"name": self.script.pop(0), "arguments": "{}"}
-            call = {"id": f"c{len(self.received)}", "type": "function", "function": function}
-            message = {"role": "assistant", "content": None, "tool_calls": [call]}
-            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-            return lib.Response(200, json={**REPLY, "choices": [choice]})
-
-        return lib.MockTransport(handle)
 
 
 def model(engine: Stub) -> ChatOpenAI:
