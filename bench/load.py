@@ -375,8 +375,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         """`values`: bare's, the peer's (if run) and kvscope's; each after bare with its added."""
         cells = [fmt.format(values[0])]
         for v in values[1:]:
-            ratio = v / values[0] if values[0] else float("nan")
-            cells += [fmt.format(v), added.format(v - values[0], ratio)]
+            ratio = v / values[0] if values[0] else float("nan")  # {1}: the ratio, {2}: - 1
+            cells += [fmt.format(v), added.format(v - values[0], ratio, ratio - 1)]
         return (what, *cells)
 
     def per_call(what: str, field: str) -> tuple[str, ...]:
@@ -384,7 +384,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
 
     def latency(q: float) -> tuple[str, ...]:
         values = [pct(t.latency_ms, q) for t in phases]
-        return row(f"call latency p{q * 100:.0f} (ms)", values, "{:.1f}", "{1:+.0%}")
+        return row(f"call latency p{q * 100:.0f} (ms)", values, "{:.1f}", "{2:+.0%}")
 
     def ours(what: str, value: str) -> tuple[str, ...]:
         return (what, "", *([""] * 2 * (len(phases) - 2)), value, "")
