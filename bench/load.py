@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load.py [--workflows 200] [--seconds 300] [--no-tokenize]
     .venv/bin/python bench/load.py --workflows 100 500 --calls 100000   # scale: closed loop
+    .venv/bin/python bench/load.py --workflows 100 --seconds 40 --bare-seconds 40 --rounds 3
 
 The engine is a stand-in that answers at once (bench/standin_engine.py: vLLM 0.32.0's recorded
 replies over real HTTP, from a process of its own), so every cost measured is the app's and the
@@ -285,6 +286,8 @@ def main() -> None:
     parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--runs-dir", help="keep the profiled run here (default: a temporary one)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="bare, peer and kvscope phases this many times in turn")  # fmt: skip
     peer_help = f"also the app traced by {tracing_peer.NAME} (tracing_peer.py)"
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help=peer_help)  # fmt: skip
@@ -300,14 +303,19 @@ def main() -> None:
             console.print(f"latency: {args.latency_calls} calls per case, one workflow at a time")
             print_latency(latency_phase(url + "/v1", "smollm2", args.latency_calls, chat))
         for workflows in args.workflows:
-            bare_calls = args.bare_calls or args.calls
-            span = f"{bare_calls} calls" if bare_calls else f"{args.bare_seconds:.0f} s"
-            console.print(f"bare load: {workflows} workflows, {span}")
-            work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
-                         bare_calls, engine.pid)  # fmt: skip
-            bare = asyncio.run(work)
-            peer = traced_load(args, workflows, url, bare_calls, engine.pid)
-            profiled(args, workflows, url, chat if args.tokenize else None, bare, peer, engine.pid)
+            rounds = []
+            for r in range(args.rounds):
+                bare_calls = args.bare_calls or args.calls
+                span = f"{bare_calls} calls" if bare_calls else f"{args.bare_seconds:.0f} s"
+                console.print(f"round {r + 1}: bare load: {workflows} workflows, {span}")
+                work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
+                             bare_calls, engine.pid)  # fmt: skip
+                bare = asyncio.run(work)
+                peer = traced_load(args, workflows, url, bare_calls, engine.pid)
+                tok = chat if args.tokenize else None
+                rounds.append(profiled(args, workflows, url, tok, bare, peer, engine.pid))
+            if len(rounds) > 1:
+                print_rounds(workflows, rounds)
     finally:
         engine.terminate()
         engine.wait()
@@ -333,7 +341,8 @@ def traced_load(args: argparse.Namespace, workflows: int, url: str, calls: int |
 
 
 def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatTokenizer | None,
-             bare: Tally, peer: tuple[Tally, int] | None, engine_pid: int) -> None:  # fmt: skip
+             bare: Tally, peer: tuple[Tally, int] | None,
+             engine_pid: int) -> list[Tally]:  # fmt: skip
     tokens = "with" if chat else "without"
     span = f"{args.calls} calls" if args.calls else f"{args.seconds:.0f} s"
     console.print(f"kvscope load: {workflows} workflows, {span}, {tokens} tokenization")
@@ -439,6 +448,38 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         console.print(f"loop CPU added per call: kvscope {loop[2] - loop[0]:+.2f} ms, "
                       f"{tracing_peer.NAME} {loop[1] - loop[0]:+.2f} ms: kvscope / peer = "
                       f"{(loop[2] - loop[0]) / (loop[1] - loop[0]):.2f}")  # fmt: skip
+    return phases
+
+
+def print_rounds(workflows: int, rounds: list[list[Tally]]) -> None:
+    """Each round's phases side by side, and the medians: the bare client drifts between
+    phases on a shared machine more than kvscope's own cost, so one round can mislead."""
+    names = ["bare", tracing_peer.NAME, "kvscope"] if len(rounds[0]) == 3 else ["bare", "kvscope"]
+    table = Table(title=f"{workflows} workflows: {len(rounds)} rounds, phases in turn")
+    table.add_column("round", justify="right")
+    for name in names:
+        table.add_column(f"{name} req/s", justify="right")
+    for name in names[1:]:
+        table.add_column(f"{name} loop CPU added (ms)", justify="right")
+        table.add_column(f"{name} p99 added", justify="right")
+    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    added: dict[str, list[float]] = {n: [] for n in names[1:]}
+    for i, phases in enumerate(rounds, 1):
+        rates = [t.sent / t.wall_s for t in phases]
+        loop = [t.per_call_ms(t.loop_cpu_s) for t in phases]
+        p99 = [pct(t.latency_ms, 0.99) for t in phases]
+        cells = [f"{r:.0f}" for r in rates[:1]]
+        cells += [f"{r:.0f} ({r / rates[0]:.0%})" for r in rates[1:]]
+        for name, r, c, q in zip(names[1:], rates[1:], loop[1:], p99[1:], strict=True):
+            cells += [f"{c - loop[0]:+.2f}", f"{q / p99[0] - 1:+.0%}"]
+            ratios[name].append(r / rates[0])
+            added[name].append(c - loop[0])
+        table.add_row(str(i), *cells)
+    console.print(table)
+    for name in names[1:]:
+        console.print(f"{name}: median {statistics.median(ratios[name]):.0%} of bare, "
+                      f"loop CPU added median {statistics.median(added[name]):+.2f} ms "
+                      f"(range {min(added[name]):+.2f} .. {max(added[name]):+.2f})")  # fmt: skip
 
 
 def print_latency(latency: dict[str, list[float]]) -> None:

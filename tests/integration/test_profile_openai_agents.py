@@ -14,12 +14,11 @@ pytestmark = pytest.mark.engine
 pytest.importorskip("agents")
 
 
-@pytest.mark.parametrize("flags", [(), ("--no-tracing",)], ids=["traced", "tracing-disabled"])
-def test_profile_names_the_agents_sdk_apps_agents(
-    up: Up, tmp_path: Path, flags: tuple[str, ...]
-) -> None:
+def test_profile_names_the_agents_sdk_apps_agents(up: Up, tmp_path: Path) -> None:
+    """Traced (thread = the run's group_id); the same app with the SDK's tracing disabled is
+    tests/unit/probe/test_openai_agents_identity.py's (one engine run less in the suite)."""
     program = (sys.executable, str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
-    done, run_dir = profile_cli(up, tmp_path, *program, *flags)
+    done, run_dir = profile_cli(up, tmp_path, *program)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("] billing: invoice 2031") == 2  # the tool's result: the answer
     rows: list[dict[str, Any]] = rows_of(run_dir)
@@ -33,8 +32,7 @@ def test_profile_names_the_agents_sdk_apps_agents(
         mine = [r for r in rows if r["workflow_run_id"] == run]
         got = [(r["agent_id"], r["graph_node"], r["turn_id"], r["previous_agent_id"]) for r in mine]
         assert got == [("triage", "triage", 1, None), ("billing", "billing", 1, "triage")]
-        thread = None if flags else f"customer-{n}"  # the run's group_id, when traced
-        assert {r["thread_id"] for r in mine} == {thread}
+        assert {r["thread_id"] for r in mine} == {f"customer-{n}"}  # the run's group_id
         assert all(r["tool_ms"] is None for r in mine)  # billing's tool ran after its call
 
 

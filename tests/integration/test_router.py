@@ -153,11 +153,11 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     cfg["deployment"]["router"] |= {
         "port": base_port + 18, "metrics_port": base_port + 19, "executable": program(),
     }  # fmt: skip
-    cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
+    cfg["workload"] |= {"workflows": 1, "concurrency": 1, "cycles": 1}
     output, run_dir = kvscope_run(cfg, tmp_path)
     assert "routing (replicas behind the router)" in output
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
     assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, both used
     assert all(r["routing_miss_tokens"] is not None for r in rows)
     missed = [r for r in rows if r["routing_miss_tokens"]]
@@ -169,7 +169,7 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     assert set(run["launch_commands"]) == {"r0", "r1", "router"}
     router = json.loads((run_dir / "router_metrics.json").read_text())["end"]
     processed = [s for s in router if s["name"] == "vllm_router_processed_requests_total"]
-    assert sum(s["value"] for s in processed) == 8  # the router's own count of the calls
+    assert sum(s["value"] for s in processed) == 4  # the router's own count of the calls
     ports = [base_port, base_port + 5, base_port + 10, base_port + 15, base_port + 18]
     assert [p for p in ports if not port_free("127.0.0.1", p)] == []
 
@@ -191,7 +191,7 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
     )  # fmt: skip
     dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
     cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
-    cfg["workload"] |= {"workflows": 2, "concurrency": 1, "cycles": 1}
+    cfg["workload"] |= {"workflows": 1, "concurrency": 1, "cycles": 1}
     with deployment.running(dep, engine, tmp_path / "deployment") as running:
         assert running.router is not None
         handles = list(running.replicas.values())
@@ -207,7 +207,7 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
         for h in [*handles, running.router]:  # attached: not stopped by the run
             assert h.process is not None and h.process.exit_code() is None
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
     assert all(r["prompt_token_source"] == "engine" for r in rows)  # vLLM's own ids
     assert {r["replica"] for r in rows} == {"r0", "r1"}  # every call placed, by KV events
     missed = [r for r in rows if r["routing_miss_tokens"]]
