@@ -1,6 +1,6 @@
 """The MLflow run of a capture session: opened where MLflow is loaded, kept local where it fails.
 
-    mlrun = SessionRun(cfg, run_id, engine_name, hooks)
+    mlrun = SessionRun(cfg, run_id, engine_name, on_stage, on_warning)
     mlrun.go_offline(why)            # a tracking server that does not answer: kept locally
     mlrun.open(params)               # now if this process has MLflow loaded, else deferred
     mlrun.log_params(more)           # to the open run, or with the deferred run's own

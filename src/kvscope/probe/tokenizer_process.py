@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 _PIPE_BYTES = 1 << 20  # ~250 calls of 4 KiB in flight before the tokenizer thread waits
 _F_SETPIPE_SZ = 1031  # Linux fcntl
 SERVE = "kvscope.probe.tokenizer_serve"  # the process's module
+_CAPTURE_ENV = "KVSCOPE_CAPTURE"  # probe/child.CAPTURE_ENV (child imports streams: no cycle)
 
 
 class TokenizerProcess:
@@ -73,7 +74,7 @@ class TokenizerProcess:
 
     def _stdin(self) -> IO[bytes]:
         if self._proc is None:
-            env = {k: v for k, v in os.environ.items() if k != "KVSCOPE_CAPTURE"}
+            env = {k: v for k, v in os.environ.items() if k != _CAPTURE_ENV}  # no probe there
             argv = [sys.executable, "-m", SERVE, str(self.model_dir), str(self.run_dir),
                     "1" if self.store_prompts else "0"]  # fmt: skip
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env)
