@@ -28,7 +28,10 @@ def test_every_call_placed_and_routing_misses_per_agent(sglang: Up, tmp_path: Pa
     cfg = spec["base"]
     cfg["engine"] |= {"port": free_port(20), "kv_events_port": free_port(20)}
     cfg["deployment"]["router"] |= {"port": free_port(), "metrics_port": free_port()}
-    cfg["workload"] |= {"workflows": 2, "concurrency": 2, "max_tokens": 4}
+    # One call at a time: round_robin then alternates the replicas call by call, so each agent
+    # lands on the replica that did not compute the shared task prefix its predecessor just
+    # did. (Two workflows in lockstep could each keep to one replica and miss nothing.)
+    cfg["workload"] |= {"workflows": 2, "concurrency": 1, "max_tokens": 4}
     (run_dir,) = run_own_engines(sglang, tmp_path, "run", cfg).glob("router-sglang-*")
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
