@@ -48,7 +48,7 @@ from kvscope.engines.detect import detect, fetch_metrics
 from kvscope.engines.runtime import RunningEngine, reset_cache
 from kvscope.engines.watch import EngineDeath, EngineWatch
 from kvscope.errors import EngineError, WriteError
-from kvscope.probe import child
+from kvscope.probe import child, raw_rows
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.mlflow_store import local_store_uri, unreachable
 from kvscope.probe.params import mlflow_params
@@ -281,6 +281,8 @@ class CaptureSession:
             watch.stop()  # before the engine is stopped on purpose
         try:
             if self._streams is not None:
+                if self._context is not None:  # a program's calls the lite probe recorded
+                    raw_rows.replay_parts(self.run_dir, self.wire, self._context)
                 self._streams.close()  # and the rows of programs it ran (child_env), merged
             self._stop_collectors()
         finally:

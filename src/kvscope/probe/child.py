@@ -10,10 +10,17 @@ and then runs any `sitecustomize` of the program's own environment that it shado
 
 Each attached process leaves `probe.<pid>.json` (its argv and interpreter) in the run directory:
 the profiling process reads those to tell "the program made no calls" from "the probe never
-loaded" (an interpreter without kvscope installed).
+loaded".
+
+An interpreter without kvscope (an app in its own virtualenv) gets the lite probe instead
+(probe/lite.py): `KVSCOPE_PROBE_PATH` names a folder holding only a link to kvscope's package
+(`probe_path()`, in kvscope's cache), and the spec carries the engine's tags as a template
+(`ChildSpec.wire`: probe/raw_call.WireTemplate), so that nothing of kvscope's dependencies is
+needed there.
 """
 
 import atexit
+import hashlib
 import json
 import os
 import sys
@@ -22,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.config import EngineConfig, ExperimentConfig, HintPolicy
+from kvscope.engines import make_engine
+from kvscope.paths import cache_dir
+from kvscope.probe.lite import PATH_ENV
+from kvscope.probe.raw_call import AGENT_MARK, REQUEST_MARK, WireTemplate
 from kvscope.probe.wire import CallContext, RunInfo
 
 CAPTURE_ENV = "KVSCOPE_CAPTURE"
@@ -43,6 +54,7 @@ class ChildSpec:
     store_prompts: bool
     traces: bool
     eviction_hints: HintPolicy | None = None  # probe/hints.py: each call's engine priority
+    wire: dict[str, Any] | None = None  # the engine's tags, for the lite probe (WireTemplate)
 
     @classmethod
     def of(
@@ -65,6 +77,7 @@ class ChildSpec:
             store,
             cfg.tracking.traces,
             cfg.eviction_hints,
+            asdict(wire_template(engine)),
         )
 
     def write(self) -> Path:
@@ -76,6 +89,29 @@ class ChildSpec:
     def read(cls, path: Path) -> "ChildSpec":
         data = json.loads(path.read_text())
         return cls(**{**data, "run": RunInfo(**data["run"])})
+
+
+def wire_template(engine: EngineConfig) -> WireTemplate:
+    """The engine's request tags with the lite probe's marks in place (probe/raw_call.py)."""
+    tags = make_engine(engine).request_tags
+    (body, headers), (body0, headers0) = tags(REQUEST_MARK, AGENT_MARK), tags(REQUEST_MARK, "")
+    return WireTemplate(body, headers, body0, headers0)
+
+
+def probe_path() -> Path:
+    """A folder holding only a link to this kvscope's package (for the lite probe's sys.path:
+    kvscope's own dependencies stay out of the app's interpreter)."""
+    package = Path(__file__).resolve().parents[1]
+    key = hashlib.sha256(str(package).encode()).hexdigest()[:12]
+    folder = cache_dir() / "probe-path" / key
+    link = folder / "kvscope"
+    if not (link.is_symlink() and link.resolve() == package):
+        folder.mkdir(parents=True, exist_ok=True)
+        temp = folder / f".kvscope.{os.getpid()}"
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(package, target_is_directory=True)
+        os.replace(temp, link)  # atomic: a program starting now sees the old link or the new
+    return folder
 
 
 def environment(
@@ -94,6 +130,7 @@ def environment(
         "OPENAI_API_KEY": api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
         MODEL_ENV: model,
         CAPTURE_ENV: str(path),
+        PATH_ENV: str(probe_path()),
         "PYTHONPATH": os.pathsep.join(python_path),
     }
     if tracking_uri:  # the app's own MLflow traces (autolog) land in kvscope's store and

@@ -51,9 +51,8 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
-from langchain_core.runnables.config import var_child_runnable_config
-
 from kvscope.probe import labels, openai_agents, run_tracker
+from kvscope.probe.langchain_context import current_config
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def identify() -> CallIdentity:
     tracker (so call it once per call, when the request is sent). Inside `given(...)`: that."""
     if (fixed := _GIVEN.get()) is not None:
         return fixed
-    config = var_child_runnable_config.get() or {}
+    config = current_config()
     metadata: Mapping[str, Any] = config.get("metadata") or {}
     node_meta = metadata.get(labels.METADATA_KEY)
     node_meta = node_meta if isinstance(node_meta, Mapping) else {}

@@ -17,26 +17,78 @@ app gets the same exception or reply it would have got.
 Interceptors nest and may be entered from several threads; the wrap is removed when the last one
 exits (and left as a pass-through if some other library wrapped `send` after kvscope). While it
 is active, LangGraph's runs are tracked (probe/run_tracker.py) for identity.
+
+What a call is, is the caller's: by default kvscope's own (probe/wire.InFlight: tagged, parsed
+into its row as it is read); `make_call` gives another with the same interface, such as the
+lite probe's RawCall (probe/raw_call.py: tagged and recorded as read, parsed into its row by the
+profiling process). This module and what it imports need only the standard library and the
+app's own HTTP client: it also runs in an app's interpreter where kvscope is not installed.
 """
 
+import importlib
+import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from kvscope.engines.base import Engine
 from kvscope.probe import openai_agents, run_tracker
-from kvscope.probe.identity import identify
-from kvscope.probe.measure import HTTPX_LIBS, loads
-from kvscope.probe.wire import CallContext, InFlight
+from kvscope.probe.identity import CallIdentity, identify
 from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
+
+if TYPE_CHECKING:
+    from kvscope.engines.base import Engine
+    from kvscope.probe.wire import CallContext
 
 log = logging.getLogger(__name__)
 RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API (probe/wire.py: what differs)
 CALL_PATHS = ("/v1/chat/completions", "/v1/completions", RESPONSES_PATH)
+
+
+class Call(Protocol):
+    """One intercepted call, from its request to the end of its reply (probe/wire.InFlight)."""
+
+    headers: dict[str, str]  # added to the request's (where the app set none of that name)
+
+    def content(self) -> bytes: ...  # the request body sent
+    def replied(self, status_code: int, headers: Any) -> None: ...
+    def feed(self, chunk: bytes, now: float) -> bytes: ...  # reply bytes -> what the app gets
+    def flush(self, now: float) -> bytes: ...
+    def finish(self) -> None: ...
+    def reading(self) -> Any: ...  # context managers: around reading, sending, closing
+    def sending(self) -> Any: ...
+    def closing(self) -> Any: ...
+
+
+# body, identity, is-a-Responses-call -> the Call
+MakeCall = Callable[[dict[str, Any], CallIdentity, bool], Call]
+
+
+def http_libs() -> tuple[Any, ...]:
+    """httpx and httpx2 (the OpenAI SDK >= 3's twin of httpx), those this interpreter has."""
+    out = []
+    for name in ("httpx", "httpx2"):
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return tuple(out)
+
+
+try:  # kvscope's own environment: orjson, json where it refuses (NaN); an app's: json
+    import orjson
+
+    def _loads(data: bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return json.loads(data)
+
+except ImportError:
+    _loads = json.loads
 
 
 class Interceptor:
@@ -44,13 +96,17 @@ class Interceptor:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: "Engine | None",
         base_url: str,
-        ctx: CallContext,
+        ctx: "CallContext | None",
         on_tool: Callable[[ToolCall], None] | None = None,
         on_error: Callable[[InvocationError], None] | None = None,
+        make_call: MakeCall | None = None,
     ) -> None:
+        """`make_call`: how a call is made (the module docstring); None: kvscope's InFlight on
+        `engine` and `ctx`."""
         self.engine, self.ctx, self.on_tool, self.on_error = engine, ctx, on_tool, on_error
+        self.make_call = make_call or self._in_flight
         self.base = base_url.rstrip("/")
         if self.base.endswith("/v1"):
             self.base = self.base[: -len("/v1")]
@@ -67,16 +123,22 @@ class Interceptor:
             self._targets
         )
 
-    def begin(self, request: Any) -> InFlight | None:
+    def begin(self, request: Any) -> Call | None:
         """The call a request starts, or None for one that is not a JSON call body."""
         try:
-            body = loads(request.content)
+            body = _loads(request.content)
         except (ValueError, RuntimeError):  # RuntimeError: a streamed request body (unread)
             return None
         if not isinstance(body, dict):
             return None
         responses = request.url.path.endswith(RESPONSES_PATH)
-        return InFlight(self.ctx, self.engine, body, identify(), responses=responses)
+        return self.make_call(body, identify(), responses)
+
+    def _in_flight(self, body: dict[str, Any], ident: CallIdentity, responses: bool) -> Call:
+        from kvscope.probe.wire import InFlight  # kvscope's own parsing: its dependencies
+
+        assert self.engine is not None and self.ctx is not None
+        return InFlight(self.ctx, self.engine, body, ident, responses=responses)
 
     def __enter__(self) -> "Interceptor":
         with _LOCK:
@@ -118,7 +180,7 @@ _ACTIVE: list[Interceptor] = []
 _ORIGINAL: dict[type, Callable[..., Any]] = {}  # client class -> its own send
 
 
-def _claim(request: Any) -> InFlight | None:
+def _claim(request: Any) -> Call | None:
     with _LOCK:
         owner = next((i for i in reversed(_ACTIVE) if i.matches(request)), None)
     if owner is None:
@@ -130,7 +192,7 @@ def _claim(request: Any) -> InFlight | None:
         return None
 
 
-def _rebuilt(lib: Any, request: Any, call: InFlight) -> Any:
+def _rebuilt(lib: Any, request: Any, call: Call) -> Any:
     headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
     have = {k.lower() for k, _ in headers}
     headers += [(k, v) for k, v in call.headers.items() if k.lower() not in have]
@@ -143,7 +205,7 @@ def _rebuilt(lib: Any, request: Any, call: InFlight) -> Any:
     )
 
 
-def _observe(lib: Any, response: Any, call: InFlight) -> None:
+def _observe(lib: Any, response: Any, call: Call) -> None:
     call.replied(response.status_code, response.headers)
     try:
         content = response.content  # read already: an in-memory reply (a mock transport)
@@ -198,7 +260,7 @@ def _async_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install() -> None:
-    for lib in HTTPX_LIBS:
+    for lib in http_libs():
         for cls, make in ((lib.Client, _sync_send), (lib.AsyncClient, _async_send)):
             if cls in _ORIGINAL:
                 continue  # still wrapped (left as a pass-through by an earlier uninstall)
@@ -224,7 +286,7 @@ def _stream_class(lib: Any) -> type:
         return _STREAM_CLASSES[lib]
 
     class Observed(lib.SyncByteStream, lib.AsyncByteStream):  # type: ignore[misc,name-defined]
-        def __init__(self, inner: Any, call: InFlight) -> None:
+        def __init__(self, inner: Any, call: Call) -> None:
             self.inner, self.call = inner, call
 
         def __iter__(self) -> Iterator[bytes]:

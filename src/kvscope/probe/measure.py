@@ -258,5 +258,21 @@ def failure(err: BaseException) -> tuple[str, str, str]:
     return STATUS_ERROR, type(err).__name__, short(str(err))
 
 
+def failure_named(types: list[str], message: str, status_code: int | None) -> tuple[str, str, str]:
+    """`failure` of an exception known by its class names, most derived first (the lite probe
+    records a call's failure so, in an interpreter without kvscope: probe/raw_call.py)."""
+    named = set(types)
+    first = types[0] if types else "Exception"
+    if named & {"APITimeoutError", "TimeoutException"}:
+        return STATUS_TIMEOUT, "timeout", short(message or first)
+    if "APIStatusError" in named and isinstance(status_code, int):
+        return STATUS_ERROR, f"http_{status_code}", short(message)
+    if named & {"APIConnectionError", "TransportError"}:
+        return STATUS_ERROR, "connection", short(message or first)
+    if named & {"JSONDecodeError", "ValueError", "KeyError", "TypeError"}:
+        return STATUS_ERROR, "malformed_stream", short(f"{first}: {message}")
+    return STATUS_ERROR, first, short(message)
+
+
 def short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."

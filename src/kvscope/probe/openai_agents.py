@@ -52,6 +52,7 @@ from types import ModuleType
 from typing import Any
 
 from kvscope.probe import run_tracker
+from kvscope.probe.place import FrameworkPlace
 from kvscope.records.tools import ToolCall, tool_text
 
 log = logging.getLogger(__name__)
@@ -60,17 +61,7 @@ NO_OP = "no-op"  # the SDK's trace and span id of a no-op (disabled) trace or sp
 MAX_RUNS = 4096  # runs kept at once (each is dropped when its trace ends)
 
 
-@dataclass(frozen=True)
-class AgentsPlace:
-    """An Agents SDK call's identity columns (probe/identity.py's CallIdentity fills from it)."""
-
-    agent_id: str
-    graph_node: str
-    workflow_run_id: str
-    thread_id: str | None
-    turn_id: int
-    previous_agent_id: str | None
-    tool_ms: float | None
+AgentsPlace = FrameworkPlace  # an Agents SDK call's identity columns
 
 
 @dataclass(frozen=True)

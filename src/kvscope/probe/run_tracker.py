@@ -22,11 +22,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.tracers.context import register_configure_hook
-
 from kvscope.probe import task_launches
 from kvscope.probe.call_order import Invocation, PlacedCall
+from kvscope.probe.langchain_context import BaseCallbackHandler, register_configure_hook
 from kvscope.records.invocations import InvocationError, error_text
 from kvscope.records.tools import ToolCall, tool_text
 
@@ -302,7 +300,8 @@ class _Slot:
 
 
 _SLOT = _Slot()
-register_configure_hook(cast(Any, _SLOT), inheritable=True)
+if register_configure_hook is not None:  # else no LangChain run to track
+    register_configure_hook(cast(Any, _SLOT), inheritable=True)
 
 
 def activate(

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from langchain_core.runnables.config import var_child_runnable_config
+from kvscope.probe.langchain_context import current_config
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _install(tracker: Callable[[], Tracker | None]) -> bool:
         launch = None
         if active is not None:
             try:
-                launch = active.launched(var_child_runnable_config.get() or {})
+                launch = active.launched(current_config())
             except Exception:  # never the app's failure
                 log.debug("could not record a task launch", exc_info=True)
         try:

@@ -110,11 +110,14 @@ class InFlight:
         body: dict[str, Any],
         ident: CallIdentity,
         responses: bool = False,
+        request_uuid: str | None = None,
+        clock: tuple[int, float] | None = None,
     ) -> None:
         """`responses`: a call to the Responses API (module docstring), else chat or
-        completions."""
+        completions. `request_uuid` and `clock` (its start: time_ns, perf_counter): a call
+        recorded elsewhere and read back here (probe/raw_rows.py); None: a new call, now."""
         self.ctx, self.engine, self.ident, self.responses = ctx, engine, ident, responses
-        self.request_uuid = str(uuid.uuid4())
+        self.request_uuid = request_uuid or str(uuid.uuid4())
         # agent "": a call no agent is named for (the engine then sends no agent label)
         tags, self.headers = engine.request_tags(self.request_uuid, ident.agent_id or "")
         if responses and "rid" in tags:  # SGLang's Responses API names its rid `request_id`
@@ -140,8 +143,7 @@ class InFlight:
         self.problem: tuple[str, str, str] | None = None  # (status, error_type, message)
         self.done = False
         self.ended = False  # the stream's own end arrived ([DONE])
-        self.start_ns = time.time_ns()
-        self.t0 = time.perf_counter()
+        self.start_ns, self.t0 = clock or (time.time_ns(), time.perf_counter())
 
     def content(self) -> bytes:
         return dumps(self.body)
@@ -251,11 +253,17 @@ class InFlight:
         """The call raised (connection, timeout, a stream cut off): a row with its failure."""
         self.finish(failure(err))
 
-    def finish(self, problem: tuple[str, str, str] | None = None, early: bool = False) -> None:
+    def finish(
+        self,
+        problem: tuple[str, str, str] | None = None,
+        early: bool = False,
+        t_end: float | None = None,
+    ) -> None:
+        """The call's end (`t_end`: its perf_counter, None: now): its row, once."""
         if self.done:
             return
         self.done = True
-        t_end = time.perf_counter()
+        t_end = time.perf_counter() if t_end is None else t_end
         problem = problem or self.problem or self._reply_problem(early)
         record = self._record(t_end, problem)
         try:

@@ -10,12 +10,27 @@ sends and the replay computes. This package imports nothing else of kvscope: eve
 use it.
 """
 
-from kvscope.records.base import ArrowWriter, JsonlWriter, read_jsonl
-from kvscope.records.blocks import BLOCKS_PARQUET, BLOCKS_SCHEMA, BlockRecord
-from kvscope.records.kv_events import KV_EVENTS_ARROW, KvBatch, KvEvent, ListenSummary
-from kvscope.records.metrics import METRICS_PARQUET, SCHEMA, MetricSample, ScrapeSummary
-from kvscope.records.requests import REQUESTS_JSONL, REQUESTS_PARQUET, RequestRecord
-from kvscope.records.tokens import TOKENS_ARROW, PromptTokenIds
+import importlib
+from typing import Any
+
+# name -> its module: loaded on first use, so that importing one record module (a probe in an
+# app's own interpreter: records/plain.py, tools.py, invocations.py) needs no pyarrow or orjson
+_WHERE = {
+    "ArrowWriter": "base", "JsonlWriter": "base", "read_jsonl": "base",
+    "BLOCKS_PARQUET": "blocks", "BLOCKS_SCHEMA": "blocks", "BlockRecord": "blocks",
+    "KV_EVENTS_ARROW": "kv_events", "KvBatch": "kv_events", "KvEvent": "kv_events",
+    "ListenSummary": "kv_events", "METRICS_PARQUET": "metrics", "SCHEMA": "metrics",
+    "MetricSample": "metrics", "ScrapeSummary": "metrics", "REQUESTS_JSONL": "requests",
+    "REQUESTS_PARQUET": "requests", "RequestRecord": "requests", "TOKENS_ARROW": "tokens",
+    "PromptTokenIds": "tokens",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'kvscope.records' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kvscope.records.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "BLOCKS_PARQUET",

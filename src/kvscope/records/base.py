@@ -16,7 +16,7 @@ import os
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, Union, get_args, get_origin
 
@@ -24,6 +24,7 @@ import orjson
 import pyarrow as pa
 
 from kvscope.errors import WriteError
+from kvscope.records.plain import record_dict  # noqa: F401  (the records import it from here)
 
 Row = dict[str, Any]  # one row of a table as a dict (a request, a block life, a sample)
 
@@ -273,20 +274,6 @@ def json_line(record: Any) -> bytes:
 
 
 _LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-
-
-def record_dict(record: Any) -> dict[str, Any]:
-    """A dataclass record as plain JSON-ready values (tuples become lists)."""
-    assert is_dataclass(record) and not isinstance(record, type)
-    return _plain(asdict(record))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvscope.records.base import read_jsonl, record_dict
+from kvscope.records.plain import record_dict
 
 INVOCATIONS_JSONL = "invocations.jsonl"
 ERROR_TEXT_LIMIT = 2048  # characters of the exception's message kept
@@ -46,6 +46,8 @@ def load_invocation_errors(run_dir: Path) -> dict[str, InvocationError]:
     """The run's failed invocations by workflow_run_id; empty when none failed (or the run
     predates the stream)."""
     path = run_dir / INVOCATIONS_JSONL
+    from kvscope.records.base import read_jsonl  # orjson: not where a probe writes these
+
     rows = read_jsonl(path)[0] if path.exists() else []
     errors = [InvocationError(**row) for row in rows]
     return {e.workflow_run_id: e for e in errors}

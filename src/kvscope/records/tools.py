@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvscope.records.base import read_jsonl, record_dict
+from kvscope.records.plain import record_dict
 
 TOOLS_JSONL = "tools.jsonl"
 
@@ -52,5 +52,7 @@ def tool_text(value: Any) -> str | None:
 def load_tools(run_dir: Path) -> list[ToolCall]:
     """The run's tool runs, in the order they ended; empty when the run has none."""
     path = run_dir / TOOLS_JSONL
+    from kvscope.records.base import read_jsonl  # orjson: not where a probe writes these
+
     rows = read_jsonl(path)[0] if path.exists() else []
     return [ToolCall(**row) for row in rows]

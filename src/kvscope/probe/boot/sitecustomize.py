@@ -2,11 +2,15 @@
 
 Python imports this module at the start of every interpreter; with KVSCOPE_CAPTURE set it attaches
 kvscope's probe (kvscope.probe.child.attach), then runs the `sitecustomize` this one shadows, if
-the environment has one. A probe that cannot load says so on stderr and the program runs on.
+the environment has one. In an interpreter without kvscope (or without kvscope's dependencies:
+an app in a virtualenv of its own) it attaches the lite probe instead (kvscope.probe.lite, from
+KVSCOPE_PROBE_PATH, put at the end of sys.path). A probe that cannot load says so on stderr and
+the program runs on.
 """
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -16,9 +20,19 @@ def _attach() -> None:
     if not spec:
         return
     try:
-        from kvscope.probe.child import attach
+        if importlib.util.find_spec("kvscope") is not None:
+            try:
+                from kvscope.probe.child import attach
 
-        attach(spec)
+                attach(spec)
+                return
+            except ImportError:  # kvscope without its dependencies here: the lite probe
+                pass
+        else:
+            sys.path.append(os.environ["KVSCOPE_PROBE_PATH"])
+        from kvscope.probe.lite import attach as attach_lite
+
+        attach_lite(spec)
     except Exception as err:  # the program must run, profiled or not
         print(
             f"kvscope: the probe did not load in {sys.executable} ({type(err).__name__}: {err});"
