@@ -40,7 +40,8 @@ run, in its thread or task) and the active RunTracker (probe/run_tracker.py). Th
 
 Outside a LangGraph graph, a call an OpenAI Agents SDK agent makes is named by the SDK's run
 context instead (probe/openai_agents.py states those rules): the agent's name, its run (trace) as
-the workflow, the trace's group_id as thread, the k-th visit of the agent as its turn.
+the workflow, the trace's group_id as thread, the k-th visit of the agent as its turn; an AutoGen
+AgentChat agent's by AutoGen's runtime (probe/autogen.py: the speaking agent, the team run).
 """
 
 from collections.abc import Iterator, Mapping
@@ -51,8 +52,9 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
-from kvscope.probe import labels, openai_agents, run_tracker
+from kvscope.probe import autogen, labels, openai_agents, run_tracker
 from kvscope.probe.langchain_context import current_config
+from kvscope.probe.place import FrameworkPlace
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def identify() -> CallIdentity:
         annotations=MappingProxyType(columns),
         hints=MappingProxyType(hints),
     )
-    if not path and (sdk := openai_agents.place()) is not None:  # an OpenAI Agents SDK agent
+    if not path and (sdk := framework_place()) is not None:  # another framework's agent
         return CallIdentity(
             agent_id=labels.current_agent() or sdk.agent_id,
             graph_node=sdk.graph_node,
@@ -147,6 +149,23 @@ def identify() -> CallIdentity:
         annotations=ident.annotations,
         hints=ident.hints,
     )
+
+
+FRAMEWORKS = (openai_agents, autogen)  # readers of frameworks' own run context (probe/place.py)
+
+
+def watch_frameworks() -> None:
+    """Each framework reader installs as soon as its framework is imported (cheap, idempotent)."""
+    for framework in FRAMEWORKS:
+        framework.watch()
+
+
+def framework_place() -> FrameworkPlace | None:
+    """Where the call sits in the first framework's run that holds it; None: in none."""
+    for framework in FRAMEWORKS:
+        if (place := framework.place()) is not None:
+            return place
+    return None
 
 
 def _current_run(config: Mapping[str, Any]) -> UUID | None:

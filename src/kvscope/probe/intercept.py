@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from kvscope.probe import openai_agents, run_tracker
-from kvscope.probe.identity import CallIdentity, identify
+from kvscope.probe import run_tracker
+from kvscope.probe.identity import CallIdentity, identify, watch_frameworks
 from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
 
@@ -144,7 +144,7 @@ class Interceptor:
         with _LOCK:
             if self._depth == 0:
                 run_tracker.activate(self.on_tool, self.on_error)
-                openai_agents.watch()  # names OpenAI Agents SDK calls once it is imported
+                watch_frameworks()  # names the Agents SDK's, AutoGen's... calls once imported
                 _ACTIVE.append(self)
                 _install()
             self._depth += 1
