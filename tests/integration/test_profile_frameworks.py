@@ -11,6 +11,7 @@ import pytest
 from framework_venv import framework_python
 from helpers import ROOT, Up
 from test_autogen_identity import REQUIREMENTS as AUTOGEN
+from test_crewai_identity import REQUIREMENTS as CREWAI
 from test_profile import profile_cli, rows_of
 
 pytestmark = pytest.mark.engine
@@ -48,6 +49,24 @@ def test_an_autogen_team_in_its_own_venv(up: Up, tmp_path: Path) -> None:
         assert [r["previous_agent_id"] for r in run] == [None, "planner", "writer"]
         assert [r["graph_node"] for r in run] == [
             "writers_room/planner", "writers_room/writer", "writers_room/critic"
+        ]  # fmt: skip
+        assert {r["turn_id"] for r in run} == {1}
+    assert "traces: 2 written of 2 workflows" in got["done"].stderr
+
+
+def test_a_crewai_crew_in_its_own_venv(up: Up, tmp_path: Path) -> None:
+    python = framework_python("crewai", CREWAI)
+    app = str(ROOT / "examples" / "crewai_app.py")
+    got = _profiled(up, tmp_path, python, app, "--topics", "2")
+    rows = got["rows"]
+    assert rows and all(r["status"] == "ok" for r in rows)
+    runs = _workflows(rows)
+    assert len(runs) == 2 and None not in {r["workflow_run_id"] for r in rows}  # a kickoff each
+    for run in runs:  # sequential: one task per agent, in order
+        assert [r["agent_id"] for r in run] == ["researcher", "writer", "editor"]
+        assert [r["previous_agent_id"] for r in run] == [None, "researcher", "writer"]
+        assert [r["graph_node"] for r in run] == [
+            "researcher/research", "writer/write", "editor/edit"
         ]  # fmt: skip
         assert {r["turn_id"] for r in run} == {1}
     assert "traces: 2 written of 2 workflows" in got["done"].stderr

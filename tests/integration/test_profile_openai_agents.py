@@ -2,11 +2,14 @@
 app (triage hands off to billing, which calls a function tool), every call a row named by the
 SDK's agent, the hand-off a transition, one workflow and one trace per `Runner.run`."""
 
+import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+from framework_venv import framework_python
 from helpers import ROOT, Up
 from test_profile import profile_cli, rows_of
 
@@ -40,10 +43,15 @@ def test_profile_the_sdks_default_responses_model(up: Up, tmp_path: Path) -> Non
     """`--responses`: the SDK's default model posts to /v1/responses; every call a row named by
     its agent, the rows reconcile exactly with the engine. vLLM 0.32.0 does not enforce a named
     tool_choice there (it parses the call the model writes), so whether triage hands off is the
-    model's choice: billing, where it appears, follows triage."""
-    program = (sys.executable, str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
+    model's choice: billing, where it appears, follows triage. The app runs from a virtualenv of
+    its own with the SDK and not kvscope (the lite probe: its Responses streams recorded there,
+    read by kvscope's own code here)."""
+    python = framework_python("openai-agents", [f"openai-agents=={version('openai-agents')}"])
+    program = (str(python), str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
     done, run_dir = profile_cli(up, tmp_path, *program, "--responses")
     assert done.returncode == 0, done.stderr
+    probes = {json.loads(p.read_text()).get("probe") for p in run_dir.glob("probe.*.json")}
+    assert probes == {"lite"}, probes
     assert "not profiled" not in done.stderr  # the old "/v1/responses is not a row" warning
     rows: list[dict[str, Any]] = rows_of(run_dir)
     assert rows and all(r["status"] == "ok" for r in rows)

@@ -40,7 +40,8 @@ run, in its thread or task) and the active RunTracker (probe/run_tracker.py). Th
 
 Outside a LangGraph graph, a call an OpenAI Agents SDK agent makes is named by the SDK's run
 context instead (probe/openai_agents.py states those rules): the agent's name, its run (trace) as
-the workflow, the trace's group_id as thread, the k-th visit of the agent as its turn; an AutoGen
+the workflow, the trace's group_id as thread, the k-th visit of the agent as its turn; a CrewAI
+agent's by CrewAI's events (probe/crewai.py: the agent's role, the crew kickoff), an AutoGen
 AgentChat agent's by AutoGen's runtime (probe/autogen.py: the speaking agent, the team run).
 """
 
@@ -52,7 +53,7 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
-from kvscope.probe import autogen, labels, openai_agents, run_tracker
+from kvscope.probe import autogen, crewai, labels, openai_agents, run_tracker
 from kvscope.probe.langchain_context import current_config
 from kvscope.probe.place import FrameworkPlace
 
@@ -151,7 +152,8 @@ def identify() -> CallIdentity:
     )
 
 
-FRAMEWORKS = (openai_agents, autogen)  # readers of frameworks' own run context (probe/place.py)
+# readers of frameworks' own run context (probe/place.py), tried in this order
+FRAMEWORKS = (openai_agents, crewai, autogen)
 
 
 def watch_frameworks() -> None:
