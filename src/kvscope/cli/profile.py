@@ -77,8 +77,8 @@ def _explain_empty(
     if rows:
         return
     if not processes:
-        why = "its Python could not import kvscope (run the program with the interpreter kvscope "
-        why += "is installed in, e.g. activate that virtual environment)"
+        why = ("no Python process of it loaded kvscope's probe (a Python older than 3.10, a "
+               "program that is not Python, or the reason it printed above)")  # fmt: skip
         if flags := isolating_flags(command):
             why = (f"Python's {' '.join(flags)} keeps it from reading PYTHONPATH's "
                    "sitecustomize, which loads the probe: drop the flag, or use "

@@ -25,6 +25,6 @@ def test_the_flag_is_named_when_the_probe_did_not_load(capsys: pytest.CaptureFix
     err = " ".join(capsys.readouterr().err.split())
     assert "the probe did not load" in err and "Python's -I keeps it from reading" in err
     _explain_empty(0, [], "http://e:8000/v1", ["python", "app.py"])
-    assert "could not import kvscope" in " ".join(capsys.readouterr().err.split())
+    assert "no Python process of it loaded" in " ".join(capsys.readouterr().err.split())
     _explain_empty(3, [], "http://e:8000/v1", ["python", "-I", "app.py"])
     assert capsys.readouterr().err == ""  # rows: nothing to explain
