@@ -47,8 +47,6 @@ runs in the app's interpreter, where kvscope's own dependencies may not be insta
 """
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import logging
 import sys
@@ -61,6 +59,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from kvscope.probe import post_import
 from kvscope.probe.place import FrameworkPlace
 
 log = logging.getLogger(__name__)
@@ -99,20 +98,17 @@ _TIMING: ContextVar["_Frame | None"] = ContextVar("kvscope_autogen_tool", defaul
 _LOCK = threading.Lock()
 _TEAMS: dict[str, _Frame] = {}  # team id -> the frame of its run, while it runs
 _DONE: set[str] = set()  # modules installed
-_WATCHING: list[importlib.abc.MetaPathFinder] = []
+_WATCHING: list[bool] = []  # watch() asked for the installs
 
 
 def watch() -> None:
     """Install on each AutoGen module already imported, and on the others as soon as they are
     (idempotent, cheap)."""
+    if _WATCHING:
+        return
+    _WATCHING.append(True)
     for name in _INSTALLERS:
-        module = sys.modules.get(name)
-        if module is not None and name not in _DONE:
-            install(name, module)
-    if not _WATCHING and len(_DONE) < len(_INSTALLERS):
-        finder = _Finder()
-        _WATCHING.append(finder)
-        sys.meta_path.insert(0, finder)
+        post_import.when_imported(name, functools.partial(install, name))
 
 
 def install(name: str, module: ModuleType) -> bool:
@@ -369,23 +365,3 @@ _INSTALLERS: dict[str, Callable[[ModuleType], None]] = {
     SELECTOR_MODULE: _install_selector,
     TOOL_MODULE: _install_tools,
 }
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Installs on each of the modules above once it has been executed (its first import)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in _INSTALLERS or name in _DONE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_and_install(module: ModuleType) -> None:
-            exec_module(module)
-            install(name, module)
-
-        loader.exec_module = exec_and_install
-        return spec

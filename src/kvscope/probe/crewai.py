@@ -42,10 +42,7 @@ kvscope's dependencies are not installed. Nothing here imports `crewai`: `watch(
 is already.
 """
 
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +51,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from kvscope.probe import post_import
 from kvscope.probe.place import FrameworkPlace
 
 log = logging.getLogger(__name__)
@@ -101,20 +99,15 @@ class _Frame:
 _CHAIN: ContextVar[tuple[_Frame, ...]] = ContextVar("kvscope_crewai_chain", default=())
 _LOCK = threading.Lock()
 _BUS: list[type] = []  # the wrapped CrewAIEventsBus class, once installed
-_WATCHING: list[importlib.abc.MetaPathFinder] = []
+_WATCHING: list[bool] = []  # watch() asked for the install
 
 
 def watch() -> None:
     """Install now if CrewAI's event bus is imported, else as soon as it is (idempotent, cheap)."""
-    if _BUS:
+    if _BUS or _WATCHING:
         return
-    module = sys.modules.get(BUS_MODULE)
-    if module is not None:
-        install(module)
-    elif not _WATCHING:
-        finder = _Finder()
-        _WATCHING.append(finder)
-        sys.meta_path.insert(0, finder)
+    _WATCHING.append(True)
+    post_import.when_imported(BUS_MODULE, install)
 
 
 def install(module: ModuleType) -> bool:
@@ -236,23 +229,3 @@ def _wrap(bus: type) -> None:
             return await original_aemit(self, source, event)
 
         bus.aemit = aemit_followed  # type: ignore[attr-defined]
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Installs when `crewai.events.event_bus` has been executed (its first import)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != BUS_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_and_install(module: ModuleType) -> None:
-            exec_module(module)
-            install(module)
-
-        loader.exec_module = exec_and_install
-        return spec

@@ -38,10 +38,7 @@ Nothing here imports `agents`: `watch()` installs when `agents.tracing.scope` is
 post-import hook on `sys.meta_path`), or at once if it is already.
 """
 
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -51,7 +48,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from kvscope.probe import run_tracker
+from kvscope.probe import post_import, run_tracker
 from kvscope.probe.place import FrameworkPlace
 from kvscope.records.tools import ToolCall, tool_text
 
@@ -86,20 +83,15 @@ _CHAIN: ContextVar[tuple[_Entry, ...]] = ContextVar("kvscope_agents_spans", defa
 _LOCK = threading.Lock()
 _RUNS: dict[int, _Run] = {}  # id(trace) -> its run
 _SCOPE: list[type] = []  # the wrapped Scope class, once installed
-_WATCHING: list[importlib.abc.MetaPathFinder] = []
+_WATCHING: list[bool] = []  # watch() asked for the install
 
 
 def watch() -> None:
     """Install now if the SDK is imported, else as soon as it is (idempotent, cheap)."""
-    if _SCOPE:
+    if _SCOPE or _WATCHING:
         return
-    module = sys.modules.get(SCOPE_MODULE)
-    if module is not None:
-        install(module)
-    elif not _WATCHING:
-        finder = _Finder()
-        _WATCHING.append(finder)
-        sys.meta_path.insert(0, finder)
+    _WATCHING.append(True)
+    post_import.when_imported(SCOPE_MODULE, install)
 
 
 def install(module: ModuleType) -> bool:
@@ -235,23 +227,3 @@ def _tool_ended(chain: Sequence[_Entry], end_ns: int) -> None:
                      entry.start_ns, end_ns, None if error is None else str(error),
                      tool_text(getattr(data, "input", None)),
                      tool_text(getattr(data, "output", None))))  # fmt: skip
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Installs when `agents.tracing.scope` has been executed (its first import)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != SCOPE_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_and_install(module: ModuleType) -> None:
-            exec_module(module)
-            install(module)
-
-        loader.exec_module = exec_and_install
-        return spec

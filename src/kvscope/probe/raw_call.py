@@ -26,11 +26,11 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _filled(value: Any, marks: Mapping[str, str]) -> Any:
     return value
 
 
-class RawCall:
+class RawCall(CallEnd):
     """probe/intercept.Call for the lite probe: `sink` gets the record when the call ends."""
 
     def __init__(
@@ -126,33 +126,6 @@ class RawCall:
             return b""
         tail, self.buffer = self.buffer, b""
         return _kept(tail)
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        try:
-            yield
-        except GeneratorExit:
-            self.finish(early=True)
-            raise
-        except BaseException as err:
-            self.fail(err)
-            raise
-        self.finish()
-
-    @contextmanager
-    def sending(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException as err:
-            self.fail(err)
-            raise
-
-    @contextmanager
-    def closing(self) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            self.finish(early=True)
 
     def fail(self, err: BaseException) -> None:
         message = getattr(err, "message", None)

@@ -41,13 +41,13 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvscope.collect.context import SERVER_TIMINGS
 from kvscope.engines.base import Engine
+from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
 from kvscope.probe.measure import Seen, dumps, failure, loads, measured, short
 from kvscope.records.payloads import CallPayload
@@ -100,7 +100,7 @@ class CallContext(RunInfo):
     hints: Callable[[CallIdentity], int] | None = None
 
 
-class InFlight:
+class InFlight(CallEnd):
     """A call from its request to the end of its reply; `finish` emits its one row, once."""
 
     def __init__(
@@ -216,38 +216,6 @@ class InFlight:
         if self.rewrite:
             return self.engine.without_prompt_ids(event, chunk) or b""
         return event
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        """Around the app's reading of the reply: its end, the app leaving early, or a failure
-        ends the call."""
-        try:
-            yield
-        except GeneratorExit:
-            self.finish(early=True)
-            raise
-        except BaseException as err:
-            self.fail(err)
-            raise
-        self.finish()
-
-    @contextmanager
-    def sending(self) -> Iterator[None]:
-        """Around sending the request: a failure before the reply (connection, timeout) ends the
-        call."""
-        try:
-            yield
-        except BaseException as err:
-            self.fail(err)
-            raise
-
-    @contextmanager
-    def closing(self) -> Iterator[None]:
-        """Around closing the reply: closed before its end, the call ends there."""
-        try:
-            yield
-        finally:
-            self.finish(early=True)
 
     def fail(self, err: BaseException) -> None:
         """The call raised (connection, timeout, a stream cut off): a row with its failure."""
