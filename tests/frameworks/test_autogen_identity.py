@@ -16,13 +16,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from framework_venv import framework_python
-from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ["autogen-agentchat==0.7.5", "autogen-ext[openai]==0.7.5"]
@@ -213,22 +211,6 @@ def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("probe")
     (path / "kvscope").symlink_to(ROOT / "src" / "kvscope", target_is_directory=True)
     return path
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[str]:
-    """The stand-in engine's base URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "standin_engine.py"), "--port", str(port)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def drive(python: Path, probe_path: Path, engine: str, tmp_path: Path, pattern: str) -> list[Any]:

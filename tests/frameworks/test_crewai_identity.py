@@ -16,13 +16,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from framework_venv import framework_python
-from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ["crewai==1.15.30"]
@@ -174,22 +172,6 @@ print("RECORDS " + json.dumps({"records": RECORDS, "outside": outside, "kickoffs
 @pytest.fixture(scope="module")
 def python() -> Path:
     return framework_python("crewai", REQUIREMENTS)
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[str]:
-    """The stand-in engine (bench/standin_engine.py) on a free port: its /v1 base URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "standin_engine.py"), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
