@@ -93,9 +93,11 @@ class ChildSpec:
 
 def wire_template(engine: EngineConfig) -> WireTemplate:
     """The engine's request tags with the lite probe's marks in place (probe/raw_call.py)."""
-    tags = make_engine(engine).request_tags
+    made = make_engine(engine)
+    tags = made.request_tags
     (body, headers), (body0, headers0) = tags(REQUEST_MARK, AGENT_MARK), tags(REQUEST_MARK, "")
-    return WireTemplate(body, headers, body0, headers0)
+    field = next((k for k, v in made.priority_fields(2).items() if v == 2), None)
+    return WireTemplate(body, headers, body0, headers0, field)
 
 
 def probe_path() -> Path:

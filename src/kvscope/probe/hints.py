@@ -31,9 +31,8 @@ import time
 from collections.abc import Callable
 from typing import get_args
 
-from kvscope.config import HintPolicy
 from kvscope.probe.identity import CallIdentity
-from kvscope.records.priorities import IDLE_S, MAX_AGENTS, make_levels
+from kvscope.records.priorities import IDLE_S, MAX_AGENTS, HintPolicy, make_levels
 
 __all__ = ["MAX_AGENTS", "POLICIES", "Hints", "make_hints"]
 

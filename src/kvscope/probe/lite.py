@@ -15,9 +15,9 @@ Each process writes part files of its own pid into the run directory, one JSON l
 flushed as written: `raw_calls.jsonl.<pid>` (the calls, tagged and recorded as the app read them,
 made rows by the profiling process when the session closes: probe/raw_rows.py), `tools.jsonl.<pid>`
 and `invocations.jsonl.<pid>` (the same records as kvscope's own probe writes), and the marker
-`probe.<pid>.json` (`"probe": "lite"`). What it does not do: eviction-hint priorities (said on
-stderr when the run asks for them) and asking the engine for the prompt's token ids (the
-profiling process tokenizes the prompts instead).
+`probe.<pid>.json` (`"probe": "lite"`). It sends the run's eviction hints (probe/hints.py) as
+kvscope's own probe does; it does not ask the engine for the prompt's token ids (the profiling
+process tokenizes the prompts instead).
 """
 
 import atexit
@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from kvscope.probe.hints import make_hints
 from kvscope.probe.identity import CallIdentity
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.raw_call import RAW_CALLS_JSONL, RawCall, WireTemplate
@@ -94,15 +95,10 @@ def attach(spec_path: str) -> None:
         raise RuntimeError("the capture spec has no wire template (an older kvscope made it)")
     template = WireTemplate(**spec["wire"])
     parts = _Parts(Path(spec["run_dir"]), bool(spec.get("traces")))
-    if spec.get("eviction_hints"):
-        print(
-            f"kvscope: eviction hints ({spec['eviction_hints']}) are not sent from {sys.executable}"
-            " (kvscope is not installed there): its calls are profiled without them",
-            file=sys.stderr,
-        )
+    hints = make_hints(spec.get("eviction_hints"))
 
     def make_call(body: dict[str, Any], ident: CallIdentity, responses: bool) -> RawCall:
-        return RawCall(template, body, ident, responses, parts.call)
+        return RawCall(template, body, ident, responses, parts.call, hints)
 
     Interceptor(None, spec["base_url"], None, on_tool=parts.tool,
                 on_error=parts.invocation_error, make_call=make_call).__enter__()  # fmt: skip

@@ -11,8 +11,9 @@ the profiling process made with the engine (`WireTemplate`, in the capture spec)
 - a streamed chat or completions call without `stream_options.include_usage` gets it, and the
   usage-only chunk it brings is taken out of the stream before the app reads it (the other events
   unchanged, re-chunked at event boundaries);
-- not done here: the prompt-ids fields (the profiling process tokenizes the prompt instead) and
-  eviction-hint priorities (probe/lite.py says so when a run asks for them).
+- where the run sends eviction hints (probe/hints.py) and the engine has the lever, the call's
+  priority goes in `WireTemplate.priority_field` (under the app's own field of that name);
+- not done here: the prompt-ids fields (the profiling process tokenizes the prompt instead).
 
 The record (`RawCall.record`, one JSON line per call): the request_uuid, the identity
 (probe/identity.CallIdentity's fields), the app's own body, the start (`start_ns`), the reply's
@@ -48,6 +49,7 @@ class WireTemplate:
     headers: dict[str, str]
     body_unnamed: dict[str, Any]
     headers_unnamed: dict[str, str]
+    priority_field: str | None = None  # the body field of a call's priority; None: no lever
 
     def tags(self, request_uuid: str, agent: str | None) -> tuple[dict[str, Any], dict[str, str]]:
         body, headers = (
@@ -80,13 +82,19 @@ class RawCall(CallEnd):
         ident: CallIdentity,
         responses: bool,
         sink: Callable[[dict[str, Any]], None],
+        hints: Callable[[CallIdentity], int] | None = None,
     ) -> None:
+        """`hints`: the run's eviction hints (probe/hints.py), None: none are sent."""
         self.request_uuid = str(uuid.uuid4())
         tags, self.headers = template.tags(self.request_uuid, ident.agent_id)
+        field = template.priority_field if hints is not None else None
+        if hints is not None and field is not None:
+            tags[field] = hints(ident)
         if responses and "rid" in tags:  # SGLang's Responses API names its rid `request_id`
             tags["request_id"] = tags.pop("rid")
         self.sent, self.ident, self.responses, self.sink = body, ident, responses, sink
         self.body = {**tags, **body}
+        self.priority = self.body.get(field) if field is not None else None  # as sent
         options = body.get("stream_options") or {}
         self.strip = bool(body.get("stream")) and not options.get("include_usage")
         self.strip = self.strip and not responses
@@ -152,6 +160,7 @@ class RawCall(CallEnd):
             "request_uuid": self.request_uuid,
             "identity": ident,
             "body": self.sent,
+            "priority": self.priority,
             "responses": self.responses,
             "start_ns": self.start_ns,
             "status_code": self.status_code,

@@ -4,9 +4,9 @@ kvscope's own call (probe/wire.InFlight) on the profiling process's engine and c
 its row, prompt columns (tokenized here) and payload are made by the same code as a call kvscope
 parsed as it happened, on the clock the probe recorded.
 
-The replayed call adds no eviction-hint priority (the lite probe sent none: the row says what
-the engine got). A part is removed once its calls are rows; an unreadable line (a torn write)
-is skipped and counted.
+The replayed call carries the eviction-hint priority the lite probe sent (none where it sent
+none): the row says what the engine got. A part is removed once its calls are rows; an
+unreadable line (a torn write) is skipped and counted.
 """
 
 import logging
@@ -50,6 +50,9 @@ def replay_parts(run_dir: Path, engine: Engine, ctx: CallContext) -> Replayed:
 
 def row_of(raw: dict[str, Any], engine: Engine, ctx: CallContext) -> None:
     """One recorded call read through InFlight: its row goes to ctx.sink."""
+    priority = raw.get("priority")
+    if priority is not None:  # what the lite probe sent, in the engine's field for it
+        ctx = replace(ctx, hints=lambda _: priority)
     call = InFlight(
         ctx,
         engine,

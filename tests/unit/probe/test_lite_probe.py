@@ -16,6 +16,8 @@ from vllm_stub import Stub
 from kvscope.config import EngineConfig
 from kvscope.engines import make_engine
 from kvscope.probe import child, raw_rows
+from kvscope.probe.hints import make_hints
+from kvscope.probe.identity import CallIdentity
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.raw_call import RAW_CALLS_JSONL, RawCall
 from kvscope.probe.wire import CallContext
@@ -149,3 +151,25 @@ def test_the_lite_probe_needs_nothing_but_the_standard_library(isolated_dirs: Pa
     loaded = set(json.loads(done.stdout))
     assert "kvscope" in loaded
     assert {m for m in loaded if m not in sys.stdlib_module_names} - {"__main__"} == {"kvscope"}
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_eviction_hints_are_sent_where_the_engine_has_the_lever(kind: str) -> None:
+    """SGLang takes a call's priority (probe/hints.py), vLLM has no such lever: the lite probe
+    sends the run's hint where the full probe would, and the row says what was sent."""
+    engine = make_engine(EngineConfig(kind=kind))
+    template = child.wire_template(EngineConfig(kind=kind))
+    assert template.priority_field == ("priority" if kind == "sglang" else None)
+    hints, raws, stub = make_hints("steps-to-execution"), [], Stub()
+    ident = CallIdentity(agent_id="planner", workflow_run_id="w1")
+    with Interceptor(None, BASE, None, make_call=lambda b, _i, r: RawCall(
+        template, b, ident, r, raws.append, hints)):  # fmt: skip
+        _call(_client(stub), stream=False)
+    _, body, _ = stub.received[-1]
+    rows: list[RequestRecord] = []
+    raw_rows.row_of(json.loads(json.dumps(raws[0])), engine, _ctx(rows))
+    if kind == "sglang":
+        assert isinstance(body["priority"], int) and body["priority"] >= 2
+        assert raws[0]["priority"] == rows[0].engine_priority == body["priority"]
+    else:
+        assert "priority" not in body and rows[0].engine_priority is None
