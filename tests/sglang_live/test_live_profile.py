@@ -5,12 +5,14 @@ the reconciliation baseline is read before the first call there too)."""
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from framework_venv import framework_python
 from helpers import KVSCOPE, ROOT, Up
 
 from kvscope.records.requests import PROVENANCE_COLUMNS
@@ -32,11 +34,14 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
     return pq.read_table(run_dir / "requests.parquet").to_pylist()
 
 
-def check_measured(stderr: str, run_dir: Path, kv_events: bool = True) -> list[dict[str, Any]]:
+def check_measured(
+    stderr: str, run_dir: Path, kv_events: bool = True, ids: str = "engine"
+) -> list[dict[str, Any]]:
+    """`ids`: where the prompt ids come from (the lite probe's: kvscope's tokenizer)."""
     rows = rows_of(run_dir)
     assert rows and all(r["status"] == "ok" for r in rows)
     for r in rows:
-        assert r["prompt_token_source"] == "engine" and r["prompt_token_mismatch"] is False
+        assert r["prompt_token_source"] == ids and r["prompt_token_mismatch"] is False
         measured = [r[c] for c in PROVENANCE_COLUMNS]
         if kv_events:  # provenance: every prompt token accounted for by the KV events
             assert None not in measured and sum(measured) == r["prompt_tokens"], r
@@ -53,13 +58,19 @@ def check_measured(stderr: str, run_dir: Path, kv_events: bool = True) -> list[d
 def test_the_supervisor_example_on_sglang_with_eviction_hints(sglang: Up, tmp_path: Path) -> None:
     """A LangGraph app whose agent order the model makes, profiled with eviction hints: every
     call carries a priority from the online predictor; the server itself says its policy (the
-    session's is LRU), so the run warns that the hints change nothing there."""
+    session's is LRU), so the run warns that the hints change nothing there. The app runs from
+    a virtualenv of its own without kvscope (the lite probe: SGLang's tags and the hints from
+    the wire template, the rows made by kvscope's process)."""
     engine = tmp_path / "engine.yaml"
     engine.write_text(yaml.safe_dump(sglang.engine_config))
-    program = (sys.executable, str(ROOT / "examples" / "supervisor.py"), "--topics", "1")
+    needs = [f"{d}=={version(d)}" for d in ("langgraph", "langchain-openai")]
+    python = str(framework_python("langgraph", needs))
+    program = (python, str(ROOT / "examples" / "supervisor.py"), "--topics", "1")
     how = ["--engine", str(engine), "--eviction-hints", "predicted-next"]
     stderr, run_dir = profile(sglang, tmp_path, how, *program)
-    rows = check_measured(stderr, run_dir)
+    probes = {json.loads(p.read_text()).get("probe") for p in run_dir.glob("probe.*.json")}
+    assert probes == {"lite"}, probes
+    rows = check_measured(stderr, run_dir, ids="tokenizer")
     assert {"supervisor", "critic"} <= {r["agent_id"] for r in rows}
     assert all(r["queue_ms"] is not None and r["prefill_ms"] is not None for r in rows)
     assert "traces: 2 written of 2 workflows" in stderr

@@ -174,6 +174,8 @@ class RawCall(CallEnd):
 
 def _kept(event: bytes) -> bytes:
     """An SSE event as the app gets it: b"" for the usage-only chunk kvscope asked for."""
+    if b'"usage"' not in event:  # only a usage chunk is dropped: the others are not parsed
+        return event
     data = b"\n".join(line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:"))
     if not data or data.strip() == b"[DONE]":
         return event
