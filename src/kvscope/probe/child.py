@@ -22,6 +22,7 @@ needed there.
 import atexit
 import hashlib
 import json
+import logging
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ from kvscope.probe.lite import PATH_ENV
 from kvscope.probe.raw_call import AGENT_MARK, REQUEST_MARK, WireTemplate
 from kvscope.probe.wire import CallContext, RunInfo
 
+log = logging.getLogger(__name__)
 CAPTURE_ENV = "KVSCOPE_CAPTURE"
 MODEL_ENV = "KVSCOPE_MODEL"
 SPEC_FILE = "capture.json"
@@ -132,9 +134,12 @@ def environment(
         "OPENAI_API_KEY": api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
         MODEL_ENV: model,
         CAPTURE_ENV: str(path),
-        PATH_ENV: str(probe_path()),
         "PYTHONPATH": os.pathsep.join(python_path),
     }
+    try:
+        env[PATH_ENV] = str(probe_path())
+    except OSError as err:  # only an interpreter without kvscope misses it (the probe says so)
+        log.warning("kvscope: no probe path for apps without kvscope (%s)", err)
     if tracking_uri:  # the app's own MLflow traces (autolog) land in kvscope's store and
         env["MLFLOW_TRACKING_URI"] = tracking_uri  # experiment, where publish links them to
     if experiment_id:  # the run (traces.link_app_traces)

@@ -28,8 +28,10 @@ def _attach() -> None:
                 return
             except ImportError:  # kvscope without its dependencies here: the lite probe
                 pass
-        else:
+        elif os.environ.get("KVSCOPE_PROBE_PATH"):
             sys.path.append(os.environ["KVSCOPE_PROBE_PATH"])
+        else:
+            raise ImportError("kvscope is not installed here and no KVSCOPE_PROBE_PATH was given")
         from kvscope.probe.lite import attach as attach_lite
 
         attach_lite(spec)
