@@ -1,10 +1,12 @@
 """Two real embedded vLLM replicas behind the real vllm-router (issue 17).
 
-Each test starts its own deployment (engines.deployment: two replicas, then the router), sends
-four calls through the router, two agents alternating, whose prompts share their first 128-token
-block, and checks where they went and what the routing cost, then that every process is gone.
-The router program: $KVSCOPE_TEST_ROUTER, else engines.router.executable (pip install
-'kvscope[router]'); skipped without it. About a minute per policy on 2 CPU cores.
+Each test starts its own deployment (engines.deployment: two replicas, then the router; three in
+all): round robin and kv_aware each get four calls through the router, two agents alternating,
+whose prompts share their first 128-token block, and the test checks where they went and what the
+routing cost, then that every process is gone; the round-robin deployment is then attached to by
+`kvscope run`, and `kvscope run` starts one of its own. The router program: $KVSCOPE_TEST_ROUTER,
+else engines.router.executable (pip install 'kvscope[router]'); skipped without it. About a
+minute per deployment on 2 CPU cores.
 """
 
 import json
@@ -70,9 +72,10 @@ def call(base: str, engine: VllmEngine, rid: str, agent: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run(policy: str, log_dir: Path) -> tuple[list[dict[str, Any]], list[int], list[int]]:
-    """The calls' rows with replica and routing columns, the deployment's pids and ports."""
-    base_port = free_port(20)  # one free range for all eight ports
+def setup(policy: str) -> tuple[EngineConfig, DeploymentConfig, list[int]]:
+    """Two replicas and the router on one free port range: the engine, the deployment, its
+    eight ports."""
+    base_port = free_port(20)
     port, kv = base_port, base_port + 10
     engine = EngineConfig(
         port=port, kv_events_port=kv, kv_capacity_tokens=4096, startup_timeout_s=400
@@ -81,24 +84,30 @@ def run(policy: str, log_dir: Path) -> tuple[list[dict[str, Any]], list[int], li
         policy=policy, port=base_port + 18, metrics_port=base_port + 19, executable=program()
     )
     dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
-    ports = [port, port + 5, kv, kv + 1, kv + 5, kv + 6, r.port, r.metrics_port]
-    with deployment.running(dep, engine, log_dir) as running:
-        procs = [h.process for h in running.replicas.values()]
-        procs.append(running.router.process if running.router else None)
-        pids = [pid for p in procs if p for pid in (p.pid, *p.descendants())]
-        base = running.router.base_url if running.router else ""
-        vllm = VllmEngine(engine)
-        rows = [call(base, vllm, str(uuid.uuid4()), i % 2) for i in range(4)]
-        ledgers = {}
-        for name, h in running.replicas.items():
-            batches = kv_events.replay(h.endpoints.kv_events_replay or "", 0)
-            ledgers[name] = build_ledger((b, e) for b in batches for e in b.events)
+    return engine, dep, [port, port + 5, kv, kv + 1, kv + 5, kv + 6, r.port, r.metrics_port]
+
+
+def placed(
+    running: deployment.RunningDeployment, engine: EngineConfig, log_dir: Path
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Four calls through the router (cold replicas): their rows with replica and routing
+    columns, and the deployment's pids."""
+    procs = [h.process for h in running.replicas.values()]
+    procs.append(running.router.process if running.router else None)
+    pids = [pid for p in procs if p for pid in (p.pid, *p.descendants())]
+    base = running.router.base_url if running.router else ""
+    vllm = VllmEngine(engine)
+    rows = [call(base, vllm, str(uuid.uuid4()), i % 2) for i in range(4)]
+    ledgers = {}
+    for name, h in running.replicas.items():
+        batches = kv_events.replay(h.endpoints.kv_events_replay or "", 0)
+        ledgers[name] = build_ledger((b, e) for b in batches for e in b.events)
     logs = {n: (replica_dir(log_dir, n) / ENGINE_LOG).read_text(errors="replace") for n in ledgers}
-    placed = replicas.from_logs(logs, [x["request_uuid"] for x in rows])
+    where = replicas.from_logs(logs, [x["request_uuid"] for x in rows])
     for x in rows:
-        x["replica"] = placed[x["request_uuid"]]
+        x["replica"] = where[x["request_uuid"]]
     tokens = {x["request_uuid"]: x["ids"] for x in rows}
-    return routing_columns(rows, tokens, ledgers), pids, ports
+    return routing_columns(rows, tokens, ledgers), pids
 
 
 def kvscope_run(cfg: dict[str, Any], tmp_path: Path) -> tuple[str, Path]:
@@ -121,8 +130,7 @@ def assert_nothing_left(pids: list[int], ports: list[int]) -> None:
     assert [p for p in ports if not port_free("127.0.0.1", p)] == []
 
 
-def test_round_robin_splits_the_agents_and_misses_their_shared_block(tmp_path: Path) -> None:
-    rows, pids, ports = run("round_robin", tmp_path)
+def check_round_robin(rows: list[dict[str, Any]]) -> None:
     assert all(x["replica"] is not None for x in rows)  # every call placed by the replica logs
     assert rows[0]["replica"] != rows[1]["replica"]  # round robin alternates
     assert [x["replica"] for x in rows[:2]] == [x["replica"] for x in rows[2:]]
@@ -131,11 +139,12 @@ def test_round_robin_splits_the_agents_and_misses_their_shared_block(tmp_path: P
     assert rows[1]["routing_miss_tokens"] == 128
     assert rows[1]["routing_miss_replica"] == rows[0]["replica"]
     assert [x["routing_miss_tokens"] for x in rows[2:]] == [0, 0]  # each back on its replica
-    assert_nothing_left(pids, ports)
 
 
 def test_kv_aware_keeps_the_shared_block(tmp_path: Path) -> None:
-    rows, pids, ports = run("kv_aware", tmp_path)
+    engine, dep, ports = setup("kv_aware")
+    with deployment.running(dep, engine, tmp_path) as running:
+        rows, pids = placed(running, engine, tmp_path)
     assert len({x["replica"] for x in rows}) == 1  # the replica holding the prefix, every time
     assert rows[1]["cached_tokens"] == 128  # the shared block, served
     assert [x["routing_miss_tokens"] for x in rows] == [0, 0, 0, 0]
@@ -174,25 +183,20 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     assert [p for p in ports if not port_free("127.0.0.1", p)] == []
 
 
-def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
-    """Replicas and router started outside the run, as a user's own deployment is; the run
-    attaches (engine kind attach, deployment.replica_urls / kv_events_endpoints, router.url).
-    Detection names the replicas vLLM, so the calls carry kvscope's request and session ids;
-    with no replica log in the run, each call is placed by the session_id of the blocks it
-    stored on its replica's KV event stream. The attached processes are left running."""
-    base_port = free_port(20)
-    engine = EngineConfig(
-        port=base_port, kv_events_port=base_port + 10, kv_capacity_tokens=4096,
-        startup_timeout_s=400,
-    )  # fmt: skip
-    r = RouterConfig(
-        policy="round_robin", port=base_port + 18, metrics_port=base_port + 19,
-        executable=program(),
-    )  # fmt: skip
-    dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
+def test_round_robin_then_kvscope_run_attaches_to_the_deployment(tmp_path: Path) -> None:
+    """Replicas and router started outside the run, as a user's own deployment is. First four
+    calls straight through the router (round robin: the agents split, the second agent misses
+    the shared block the first left on the other replica). Then a run attaches (engine kind
+    attach, deployment.replica_urls / kv_events_endpoints, router.url). Detection names the
+    replicas vLLM, so the calls carry kvscope's request and session ids; with no replica log in
+    the run, each call is placed by the session_id of the blocks it stored on its replica's KV
+    event stream. The attached processes are left running by the run, and stopped after."""
+    engine, dep, ports = setup("round_robin")
     cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
     cfg["workload"] |= {"workflows": 1, "concurrency": 1, "cycles": 1}
     with deployment.running(dep, engine, tmp_path / "deployment") as running:
+        direct, pids = placed(running, engine, tmp_path / "deployment")
+        check_round_robin(direct)
         assert running.router is not None
         handles = list(running.replicas.values())
         cfg["engine"] = {"kind": "attach"}
@@ -206,6 +210,7 @@ def test_kvscope_run_attaches_to_a_running_deployment(tmp_path: Path) -> None:
         _, run_dir = kvscope_run(cfg, tmp_path)
         for h in [*handles, running.router]:  # attached: not stopped by the run
             assert h.process is not None and h.process.exit_code() is None
+    assert_nothing_left(pids, ports)
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
     assert all(r["prompt_token_source"] == "engine" for r in rows)  # vLLM's own ids

@@ -34,14 +34,11 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
     return pq.read_table(run_dir / "requests.parquet").to_pylist()
 
 
-def check_measured(
-    stderr: str, run_dir: Path, kv_events: bool = True, ids: str = "engine"
-) -> list[dict[str, Any]]:
-    """`ids`: where the prompt ids come from (the lite probe's: kvscope's tokenizer)."""
+def check_measured(stderr: str, run_dir: Path, kv_events: bool = True) -> list[dict[str, Any]]:
     rows = rows_of(run_dir)
     assert rows and all(r["status"] == "ok" for r in rows)
     for r in rows:
-        assert r["prompt_token_source"] == ids and r["prompt_token_mismatch"] is False
+        assert r["prompt_token_source"] == "engine" and r["prompt_token_mismatch"] is False
         measured = [r[c] for c in PROVENANCE_COLUMNS]
         if kv_events:  # provenance: every prompt token accounted for by the KV events
             assert None not in measured and sum(measured) == r["prompt_tokens"], r
@@ -70,7 +67,7 @@ def test_the_supervisor_example_on_sglang_with_eviction_hints(sglang: Up, tmp_pa
     stderr, run_dir = profile(sglang, tmp_path, how, *program)
     probes = {json.loads(p.read_text()).get("probe") for p in run_dir.glob("probe.*.json")}
     assert probes == {"lite"}, probes
-    rows = check_measured(stderr, run_dir, ids="tokenizer")
+    rows = check_measured(stderr, run_dir)
     assert {"supervisor", "critic"} <= {r["agent_id"] for r in rows}
     assert all(r["queue_ms"] is not None and r["prefill_ms"] is not None for r in rows)
     assert "traces: 2 written of 2 workflows" in stderr

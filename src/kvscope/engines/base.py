@@ -183,6 +183,11 @@ class Engine(ABC):
         beyond what `without_prompt_ids` undoes. A field the app set itself is never replaced."""
         return {}
 
+    # The standard-library module whose request_fields / prompt_ids / without_ids the three
+    # methods around this use (vllm_ids.py, sglang_ids.py), for the lite probe, which cannot
+    # load the engine class in an app's interpreter; None: this engine returns no prompt ids.
+    prompt_ids_module: ClassVar[str | None] = None
+
     def gives_prompt_ids(self) -> bool:
         """Whether this engine returns a prompt's token ids when asked (prompt_ids_fields)."""
         return bool(self.prompt_ids_fields({"messages": []}))  # a chat call's

@@ -70,6 +70,7 @@ def importable(python: str, module: str) -> bool:
 
 class SglangEngine(Engine):
     name: ClassVar[str] = "sglang"
+    prompt_ids_module: ClassVar[str | None] = "kvscope.engines.sglang_ids"
     metric_prefix: ClassVar[str] = "sglang:"
     cache_reset_path: ClassVar[str | None] = "/flush_cache"
     # Tokenizer counters carry the `agent` label (and cached_tokens_total `cache_source`:

@@ -65,6 +65,7 @@ def install(report: Report) -> tuple[Path, Path]:
 
 class VllmEngine(Engine):
     name: ClassVar[str] = "vllm"
+    prompt_ids_module: ClassVar[str | None] = "kvscope.engines.vllm_ids"
     metric_prefix: ClassVar[str] = "vllm:"
     cache_reset_path: ClassVar[str | None] = "/reset_prefix_cache"  # needs VLLM_SERVER_DEV_MODE
     # No cache-hit-rate or generation-throughput gauge and no eviction counter in vLLM 0.32:

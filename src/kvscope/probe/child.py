@@ -99,7 +99,8 @@ def wire_template(engine: EngineConfig) -> WireTemplate:
     tags = made.request_tags
     (body, headers), (body0, headers0) = tags(REQUEST_MARK, AGENT_MARK), tags(REQUEST_MARK, "")
     field = next((k for k, v in made.priority_fields(2).items() if v == 2), None)
-    return WireTemplate(body, headers, body0, headers0, field)
+    ids = made.prompt_ids_module if made.gives_prompt_ids() else None
+    return WireTemplate(body, headers, body0, headers0, field, ids)
 
 
 def probe_path() -> Path:

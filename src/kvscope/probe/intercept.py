@@ -78,17 +78,17 @@ def http_libs() -> tuple[Any, ...]:
     return tuple(out)
 
 
-try:  # kvscope's own environment: orjson, json where it refuses (NaN); an app's: json
+try:  # JSON as the probe reads it: orjson where installed, json where it refuses (NaN) or is not
     import orjson
 
-    def _loads(data: bytes) -> Any:
+    def loads_json(data: bytes) -> Any:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             return json.loads(data)
 
 except ImportError:
-    _loads = json.loads
+    loads_json = json.loads
 
 
 class Interceptor:
@@ -126,7 +126,7 @@ class Interceptor:
     def begin(self, request: Any) -> Call | None:
         """The call a request starts, or None for one that is not a JSON call body."""
         try:
-            body = _loads(request.content)
+            body = loads_json(request.content)
         except (ValueError, RuntimeError):  # RuntimeError: a streamed request body (unread)
             return None
         if not isinstance(body, dict):

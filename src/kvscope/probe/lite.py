@@ -15,9 +15,9 @@ Each process writes part files of its own pid into the run directory, one JSON l
 flushed as written: `raw_calls.jsonl.<pid>` (the calls, tagged and recorded as the app read them,
 made rows by the profiling process when the session closes: probe/raw_rows.py), `tools.jsonl.<pid>`
 and `invocations.jsonl.<pid>` (the same records as kvscope's own probe writes), and the marker
-`probe.<pid>.json` (`"probe": "lite"`). It sends the run's eviction hints (probe/hints.py) as
-kvscope's own probe does; it does not ask the engine for the prompt's token ids (the profiling
-process tokenizes the prompts instead).
+`probe.<pid>.json` (`"probe": "lite"`). It sends the run's eviction hints (probe/hints.py) and
+asks the engine for the prompt's exact ids (the engine's own ids module) as kvscope's own probe
+does.
 """
 
 import atexit

@@ -13,7 +13,10 @@ the profiling process made with the engine (`WireTemplate`, in the capture spec)
   unchanged, re-chunked at event boundaries);
 - where the run sends eviction hints (probe/hints.py) and the engine has the lever, the call's
   priority goes in `WireTemplate.priority_field` (under the app's own field of that name);
-- not done here: the prompt-ids fields (the profiling process tokenizes the prompt instead).
+- where the engine returns the prompt's exact ids when asked, the field is added (the engine's
+  own standard-library module, `WireTemplate.ids`: engines/vllm_ids.py, sglang_ids.py) and what
+  it brings is taken out of the reply before the app reads it, by that module's `without_ids`
+  (each event of a stream edited, a body at its end), as kvscope's own probe does.
 
 The record (`RawCall.record`, one JSON line per call): the request_uuid, the identity
 (probe/identity.CallIdentity's fields), the app's own body, the start (`start_ns`), the reply's
@@ -22,6 +25,7 @@ arrival in seconds after the start (bytes as latin-1 text), the end, whether the
 and the failure, by its exception's class names (probe/measure.failure_named reads them).
 """
 
+import importlib
 import json
 import logging
 import re
@@ -33,6 +37,7 @@ from typing import Any
 
 from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
+from kvscope.probe.intercept import loads_json
 
 log = logging.getLogger(__name__)
 RAW_CALLS_JSONL = "raw_calls.jsonl"  # a process's records: part files raw_calls.jsonl.<pid>
@@ -50,6 +55,7 @@ class WireTemplate:
     body_unnamed: dict[str, Any]
     headers_unnamed: dict[str, str]
     priority_field: str | None = None  # the body field of a call's priority; None: no lever
+    ids: str | None = None  # the engine's prompt-ids module; None: no ids asked for
 
     def tags(self, request_uuid: str, agent: str | None) -> tuple[dict[str, Any], dict[str, str]]:
         body, headers = (
@@ -93,8 +99,13 @@ class RawCall(CallEnd):
         if responses and "rid" in tags:  # SGLang's Responses API names its rid `request_id`
             tags["request_id"] = tags.pop("rid")
         self.sent, self.ident, self.responses, self.sink = body, ident, responses, sink
-        self.body = {**tags, **body}
+        self.edit = _module(template.ids) if template.ids and not responses else None
+        fields = self.edit.request_fields(body) if self.edit is not None else {}
+        added = {k: v for k, v in fields.items() if k not in body}
+        self.body = {**tags, **body, **added}
+        self.rewrite = bool(added)  # take what `added` brings out of the reply
         self.priority = self.body.get(field) if field is not None else None  # as sent
+        self.sse = False
         options = body.get("stream_options") or {}
         self.strip = bool(body.get("stream")) and not options.get("include_usage")
         self.strip = self.strip and not responses
@@ -113,27 +124,55 @@ class RawCall(CallEnd):
     def replied(self, status_code: int, headers: Any) -> None:
         self.status_code = status_code
         self.reply_headers = {k: headers.get(k, "") for k in ("content-type", "content-encoding")}
-        sse = status_code < 400 and "text/event-stream" in self.reply_headers["content-type"]
+        self.sse = status_code < 400 and "text/event-stream" in self.reply_headers["content-type"]
         plain = self.reply_headers["content-encoding"] in ("", "identity")
-        self.strip = self.strip and sse and plain
+        self.strip = self.strip and self.sse and plain
+        self.rewrite = self.rewrite and status_code < 400 and plain
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         self.chunks.append((now - self.t0, chunk.decode("latin-1")))
-        if not self.strip:
+        if not (self.strip or self.rewrite):
             return chunk
         self.buffer += chunk
+        if not self.sse:
+            return b""  # a body edited at its end
         out, start = [], 0
         for end in _EVENT_END.finditer(self.buffer):
-            out.append(_kept(self.buffer[start : end.end()]))
+            out.append(self._kept(self.buffer[start : end.end()]))
             start = end.end()
         self.buffer = self.buffer[start:]
         return b"".join(out)
 
     def flush(self, now: float) -> bytes:
-        if not self.strip or not self.buffer.strip():
+        if not (self.strip or self.rewrite):
             return b""
         tail, self.buffer = self.buffer, b""
-        return _kept(tail)
+        if not self.sse:
+            assert self.edit is not None
+            return self.edit.without_ids(tail, None) or b""
+        return self._kept(tail) if tail.strip() else b""
+
+    def _kept(self, event: bytes) -> bytes:
+        """An SSE event as the app gets it: b"" for the usage-only chunk kvscope asked for and
+        for a chunk only the prompt-ids field brought, their ids taken out of the others."""
+        if not self.rewrite and b'"usage"' not in event:  # nothing to edit: not parsed
+            return event
+        data = b"\n".join(
+            line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
+        )
+        if not data or data.strip() == b"[DONE]":
+            return event
+        try:
+            chunk = loads_json(data)
+        except ValueError:
+            return event
+        if not isinstance(chunk, dict):
+            return event
+        if self.strip and chunk.get("usage") and not chunk.get("choices"):
+            return b""
+        if self.rewrite and self.edit is not None:
+            return self.edit.without_ids(event, chunk) or b""
+        return event
 
     def fail(self, err: BaseException) -> None:
         message = getattr(err, "message", None)
@@ -172,17 +211,6 @@ class RawCall(CallEnd):
         }
 
 
-def _kept(event: bytes) -> bytes:
-    """An SSE event as the app gets it: b"" for the usage-only chunk kvscope asked for."""
-    if b'"usage"' not in event:  # only a usage chunk is dropped: the others are not parsed
-        return event
-    data = b"\n".join(line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:"))
-    if not data or data.strip() == b"[DONE]":
-        return event
-    try:
-        chunk = json.loads(data)
-    except ValueError:
-        return event
-    if isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
-        return b""
-    return event
+def _module(name: str) -> Any:
+    """The engine's prompt-ids module (standard library only), loaded once."""
+    return importlib.import_module(name)

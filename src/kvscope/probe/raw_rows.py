@@ -1,8 +1,8 @@
 """The lite probe's calls as rows: each recorded call (probe/raw_call.py, `raw_calls.jsonl.<pid>`
 part files of a program's processes where kvscope is not installed) is read back through
 kvscope's own call (probe/wire.InFlight) on the profiling process's engine and call context, so
-its row, prompt columns (tokenized here) and payload are made by the same code as a call kvscope
-parsed as it happened, on the clock the probe recorded.
+its row, prompt columns (from the ids the engine returned, else tokenized here) and payload are
+made by the same code as a call kvscope parsed as it happened, on the clock the probe recorded.
 
 The replayed call carries the eviction-hint priority the lite probe sent (none where it sent
 none): the row says what the engine got. A part is removed once its calls are rows; an

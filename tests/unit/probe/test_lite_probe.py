@@ -74,6 +74,8 @@ def test_a_recorded_call_reads_back_as_kvscopes_own_row(stream: bool) -> None:
         body["request_id"] == body["session_id"] == headers["x-request-id"] == raw["request_uuid"]
     )
     assert (body.get("stream_options") or {}).get("include_usage") is (True if stream else None)
+    assert body["return_token_ids"] is True  # vLLM's exact prompt ids asked for, as kvscope's own
+    assert _ids_of(raw) == Stub().prompt_ids  # ... in the engine's bytes kept, not in the app's
     rows: list[RequestRecord] = []
     raw_rows.row_of(raw, engine, _ctx(rows))
     [mine], [theirs] = rows, own
@@ -86,6 +88,17 @@ def test_a_recorded_call_reads_back_as_kvscopes_own_row(stream: bool) -> None:
     assert (mine.ttft_ms is not None) is stream and mine.e2e_ms > 0
     if stream:
         assert 0 < mine.ttft_ms < mine.e2e_ms
+
+
+def _ids_of(raw: dict[str, Any]) -> list[int] | None:
+    engine = make_engine(EngineConfig())
+    for _, text in raw["chunks"]:
+        for line in text.encode("latin-1").splitlines():
+            if line.startswith(b"data: {") or line.startswith(b"{"):
+                ids = engine.reply_prompt_ids(json.loads(line.removeprefix(b"data: ")))
+                if ids is not None:
+                    return ids
+    return None
 
 
 def _same_view(seen: Any, plain: Any) -> bool:
@@ -143,7 +156,8 @@ def test_the_lite_probe_needs_nothing_but_the_standard_library(isolated_dirs: Pa
     base = getattr(sys, "_base_executable", sys.executable)
     code = (
         f"import json, sys; sys.path.append({str(child.probe_path())!r}); "
-        "import kvscope.probe.lite, kvscope.probe.identity; "
+        "import kvscope.probe.lite, kvscope.probe.identity, kvscope.engines.vllm_ids, "
+        "kvscope.engines.sglang_ids; "
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     done = subprocess.run([base, "-I", "-S", "-c", code], capture_output=True, text=True)
