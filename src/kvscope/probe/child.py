@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from kvscope.config import EngineConfig, ExperimentConfig, HintPolicy
 from kvscope.engines import make_engine
 from kvscope.paths import cache_dir
-from kvscope.probe.lite import PATH_ENV
+from kvscope.probe.lite import PATH_ENV, mark
 from kvscope.probe.raw_call import AGENT_MARK, REQUEST_MARK, WireTemplate
 from kvscope.probe.wire import CallContext, RunInfo
 
@@ -164,22 +163,14 @@ def attach(spec_path: str) -> None:
     model_dir = Path(spec.model_dir) if spec.model_dir else None
     chat = ChatTokenizer.from_model_dir(model_dir) if model_dir and model_dir.is_dir() else None
     ids = chat is not None or engine.gives_prompt_ids()
-    streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=_mark(run_dir))
+    streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=mark(run_dir))
     ctx = streams.context(spec.run, chat, spec.store_prompts, spec.eviction_hints)
     Interceptor(engine, spec.base_url, ctx, on_tool=streams.tool,
                 on_error=streams.invocation_error).__enter__()  # process-long  # fmt: skip
     # a forked worker (multiprocessing) writes part files of its own pid
-    os.register_at_fork(after_in_child=lambda: streams.reopen(_mark(run_dir)))
+    os.register_at_fork(after_in_child=lambda: streams.reopen(mark(run_dir)))
     atexit.register(streams.close)
     _ATTACHED = True
-
-
-def _mark(run_dir: Path) -> str:
-    """Leave this process's marker; its part-file suffix."""
-    pid = os.getpid()
-    marker = {"pid": pid, "argv": sys.argv, "python": sys.executable}
-    (run_dir / f"probe.{pid}.json").write_text(json.dumps(marker))
-    return f".{pid}"
 
 
 _ATTACHED = False

@@ -26,7 +26,6 @@ app's own HTTP client: it also runs in an app's interpreter where kvscope is not
 """
 
 import importlib
-import json
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ from urllib.parse import urlsplit
 
 from kvscope.probe import run_tracker
 from kvscope.probe.identity import CallIdentity, identify, watch_frameworks
+from kvscope.probe.json_body import loads
 from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
 
@@ -78,19 +78,6 @@ def http_libs() -> tuple[Any, ...]:
     return tuple(out)
 
 
-try:  # JSON as the probe reads it: orjson where installed, json where it refuses (NaN) or is not
-    import orjson
-
-    def loads_json(data: bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return json.loads(data)
-
-except ImportError:
-    loads_json = json.loads
-
-
 class Interceptor:
     """Intercepts the calls to one engine while entered (a context manager, re-entrant)."""
 
@@ -126,7 +113,7 @@ class Interceptor:
     def begin(self, request: Any) -> Call | None:
         """The call a request starts, or None for one that is not a JSON call body."""
         try:
-            body = loads_json(request.content)
+            body = loads(request.content)
         except (ValueError, RuntimeError):  # RuntimeError: a streamed request body (unread)
             return None
         if not isinstance(body, dict):

@@ -49,11 +49,8 @@ class _Parts:
 
     def reopen(self) -> None:
         """This pid's files from now on (also in a forked child), and its marker."""
-        pid = os.getpid()
-        marker = {"pid": pid, "argv": sys.argv, "python": sys.executable, "probe": "lite"}
-        (self.run_dir / f"probe.{pid}.json").write_text(json.dumps(marker))
         self.files = {}
-        self.part = f".{pid}"
+        self.part = mark(self.run_dir, "lite")
 
     def _write(self, stream: str, record: dict[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -80,6 +77,17 @@ class _Parts:
             for f in self.files.values():
                 f.close()
             self.files = {}
+
+
+def mark(run_dir: Path, probe: str | None = None) -> str:
+    """Leave this process's marker `probe.<pid>.json` (its argv and interpreter; `probe`: "lite"
+    for this probe, absent for kvscope's own); its part-file suffix `.<pid>`."""
+    pid = os.getpid()
+    marker = {"pid": pid, "argv": sys.argv, "python": sys.executable}
+    (run_dir / f"probe.{pid}.json").write_text(
+        json.dumps(marker | ({"probe": probe} if probe else {}))
+    )
+    return f".{pid}"
 
 
 _ATTACHED: list[_Parts] = []

@@ -227,15 +227,6 @@ def measured(seen: Seen, t0: float, t_end: float, start_ns: int) -> dict[str, An
     }
 
 
-def loads(data: bytes | str) -> Any:
-    """JSON as the probe reads bodies and events: orjson, json where orjson refuses (NaN,
-    Infinity); a ValueError (json.JSONDecodeError) for what neither reads."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
-
-
 def dumps(value: Any) -> bytes:
     """A request body as the probe sends it: orjson (UTF-8, compact), json where orjson refuses
     (an int wider than 64 bits, NaN kept as NaN)."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
-from kvscope.probe.intercept import loads_json
+from kvscope.probe.json_body import loads
 
 log = logging.getLogger(__name__)
 RAW_CALLS_JSONL = "raw_calls.jsonl"  # a process's records: part files raw_calls.jsonl.<pid>
@@ -163,7 +163,7 @@ class RawCall(CallEnd):
         if not data or data.strip() == b"[DONE]":
             return event
         try:
-            chunk = loads_json(data)
+            chunk = loads(data)
         except ValueError:
             return event
         if not isinstance(chunk, dict):

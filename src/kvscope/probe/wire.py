@@ -49,7 +49,8 @@ from kvscope.collect.context import SERVER_TIMINGS
 from kvscope.engines.base import Engine
 from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
-from kvscope.probe.measure import Seen, dumps, failure, loads, measured, short
+from kvscope.probe.json_body import loads
+from kvscope.probe.measure import Seen, dumps, failure, measured, short
 from kvscope.records.payloads import CallPayload
 from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 
