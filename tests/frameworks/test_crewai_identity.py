@@ -4,34 +4,53 @@ the agent is its `role`, a crew kickoff the workflow (CrewAI's kickoff event id)
 k-th task its turn, the previous call's agent the transition, tool time charged to the agent's
 next call; a sequential crew, a hierarchical crew whose manager delegates, kickoff_for_each, two
 kickoffs at once (kickoff_async, akickoff, threads), two `async_execution` tasks at once, and
-examples/crewai_app.py. A driver script (DRIVER, written into tmp_path) runs the crew with
-`kvscope.probe.crewai` watching and records `place()` for each chat completion as it reaches
-httpx's `Client.send` / `AsyncClient.send`. The stand-in engine answers every request with the
+examples/crewai_app.py. A driver script (DRIVER, written into a temporary folder) runs the crew
+with `kvscope.probe.crewai` watching and records `place()` for each chat completion as it
+reaches httpx's `Client.send` / `AsyncClient.send`. CrewAI is imported once per driver: one
+driver (the module's `driven` fixture) runs every pattern the session selected, each in a
+process forked from it (fork_patterns: its own records, stdout and folder; a failure fails only
+its own tests); `kickoff_for_each` runs in a driver of its own, which imports CrewAI before
+`watch()`. The stand-in engine answers every request with the
 same text and makes no tool calls: where the crew must call a tool (the manager's delegation, a
 researcher's tool), the driver's `send` answers that request itself with a scripted tool call
 (recorded like the others, not sent on).
 """
 
-import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import fork_patterns
 import pytest
 from framework_venv import framework_python
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 REQUIREMENTS = ["crewai==1.15.30"]
 TOOL_S = 0.05
+PATTERN_TIMEOUT_S = 300
+AT_ONCE = "test_two_kickoffs_at_once_keep_their_own_ids"
+SHARED = {  # the patterns one driver runs (each forked from it), in order -> the test reading it
+    "sequential": "test_sequential_crew_two_kickoffs",
+    "tools": "test_tool_time_charged_to_the_agents_next_call",
+    "hierarchical": "test_hierarchical_crew_manager_delegates",
+    "concurrent_async": AT_ONCE, "concurrent_akickoff": AT_ONCE, "concurrent_threads": AT_ONCE,
+    "example": "test_the_example_app", "example_hierarchical": "test_the_example_app_hierarchical",
+    "concurrent_tasks": "test_async_tasks_of_one_kickoff",
+}  # fmt: skip
 
 DRIVER = r'''
 import asyncio, dataclasses, json, os, sys, threading, time
+import fork_patterns
 from kvscope.probe import crewai as probe
 
-pattern = sys.argv[1]
-if pattern == "for_each":
+OUT, PATTERNS = sys.argv[1], sys.argv[2:]
+pattern = ""  # the pattern a forked child runs
+if "for_each" in PATTERNS:
+    assert PATTERNS == ["for_each"], "for_each imports crewai first: a driver of its own"
     import crewai  # already imported: watch() installs at once
 probe.watch()  # else before crewai is imported: the post-import hook installs
 import httpx
@@ -43,8 +62,6 @@ LOCK = threading.Lock()
 RECORDS: list = []
 MANAGER_CALLS = [0]
 KICKOFFS: list = []  # CrewAI's own ids of the kickoffs (Crew._kickoff_event_id)
-COWORKERS = ("researcher", "writer", "editor") if pattern.startswith("example") else (
-    "researcher", "writer")
 
 
 def scripted(request: httpx.Request) -> httpx.Response | None:
@@ -56,7 +73,9 @@ def scripted(request: httpx.Request) -> httpx.Response | None:
     if "delegate_work_to_coworker" in names:
         with LOCK:
             k, MANAGER_CALLS[0] = MANAGER_CALLS[0], MANAGER_CALLS[0] + 1
-        coworker = COWORKERS[k % len(COWORKERS)]
+        editor = ("editor",) if pattern.startswith("example") else ()
+        coworkers = ("researcher", "writer", *editor)
+        coworker = coworkers[k % len(coworkers)]
         call = ("delegate_work_to_coworker",
                 {"task": f"Help with part {k}.", "context": "None.", "coworker": coworker})
     elif "lookup" in names:
@@ -128,44 +147,56 @@ def crew(hierarchical: bool = False, tools: bool = False) -> Crew:
 
 
 TOOL_S = float(os.environ["TOOL_S"])
-if pattern == "sequential":
-    for topic in TOPICS:
-        sequential = crew()
-        sequential.kickoff(inputs={"topic": topic})
-        KICKOFFS.append(sequential._kickoff_event_id)
-elif pattern == "tools":
-    crew(tools=True).kickoff(inputs={"topic": "cats"})
-elif pattern == "hierarchical":
-    crew(hierarchical=True).kickoff(inputs={"topic": "cats"})
-elif pattern == "for_each":
-    crew().kickoff_for_each(inputs=[{"topic": t} for t in TOPICS])
-elif pattern == "concurrent_async":
-    async def both():
-        await asyncio.gather(*(crew().kickoff_async(inputs={"topic": t}) for t in TOPICS))
-    asyncio.run(both())
-elif pattern == "concurrent_akickoff":  # CrewAI's native async path (AsyncClient)
-    async def both_native():
-        await asyncio.gather(*(crew().akickoff(inputs={"topic": t}) for t in TOPICS))
-    asyncio.run(both_native())
-elif pattern.startswith("example"):
-    import runpy
-    sys.argv = ["crewai_app.py", "--topics", "2"]
-    sys.argv += ["--hierarchical"] if pattern == "example_hierarchical" else []
-    runpy.run_path(os.environ["EXAMPLE"], run_name="__main__")
-elif pattern == "concurrent_tasks":  # async_execution: two tasks at once in one kickoff
-    c = crew()
-    for task in c.tasks:
-        task.async_execution = True
-    summary = Task(name="summary", description="Sum up {topic}.", expected_output="A line.",
-                   agent=c.agents[0], context=list(c.tasks))
-    Crew(agents=c.agents, tasks=[*c.tasks, summary]).kickoff(inputs={"topic": "cats"})
-elif pattern == "concurrent_threads":
-    threads = [threading.Thread(target=crew().kickoff, kwargs={"inputs": {"topic": t}})
-               for t in TOPICS]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-outside = probe.place()  # after the kickoffs: outside any
-print("RECORDS " + json.dumps({"records": RECORDS, "outside": outside, "kickoffs": KICKOFFS}))
+
+
+def run(name):
+    global pattern
+    pattern = name
+    drive_pattern()
+    outside = probe.place()  # after the kickoffs: outside any
+    return {"records": RECORDS, "outside": outside, "kickoffs": KICKOFFS}
+
+
+def drive_pattern():
+    if pattern == "sequential":
+        for topic in TOPICS:
+            sequential = crew()
+            sequential.kickoff(inputs={"topic": topic})
+            KICKOFFS.append(sequential._kickoff_event_id)
+    elif pattern == "tools":
+        crew(tools=True).kickoff(inputs={"topic": "cats"})
+    elif pattern == "hierarchical":
+        crew(hierarchical=True).kickoff(inputs={"topic": "cats"})
+    elif pattern == "for_each":
+        crew().kickoff_for_each(inputs=[{"topic": t} for t in TOPICS])
+    elif pattern == "concurrent_async":
+        async def both():
+            await asyncio.gather(*(crew().kickoff_async(inputs={"topic": t}) for t in TOPICS))
+        asyncio.run(both())
+    elif pattern == "concurrent_akickoff":  # CrewAI's native async path (AsyncClient)
+        async def both_native():
+            await asyncio.gather(*(crew().akickoff(inputs={"topic": t}) for t in TOPICS))
+        asyncio.run(both_native())
+    elif pattern.startswith("example"):
+        import runpy
+        sys.argv = ["crewai_app.py", "--topics", "2"]
+        sys.argv += ["--hierarchical"] if pattern == "example_hierarchical" else []
+        runpy.run_path(os.environ["EXAMPLE"], run_name="__main__")
+    elif pattern == "concurrent_tasks":  # async_execution: two tasks at once in one kickoff
+        c = crew()
+        for task in c.tasks:
+            task.async_execution = True
+        summary = Task(name="summary", description="Sum up {topic}.", expected_output="A line.",
+                       agent=c.agents[0], context=list(c.tasks))
+        Crew(agents=c.agents, tasks=[*c.tasks, summary]).kickoff(inputs={"topic": "cats"})
+    elif pattern == "concurrent_threads":
+        threads = [threading.Thread(target=crew().kickoff, kwargs={"inputs": {"topic": t}})
+                   for t in TOPICS]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+
+
+fork_patterns.run_each(PATTERNS, run, OUT, float(os.environ["PATTERN_TIMEOUT_S"]))
 '''
 
 
@@ -174,38 +205,60 @@ def python() -> Path:
     return framework_python("crewai", REQUIREMENTS)
 
 
-@pytest.fixture
-def kvscope_path(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def kvscope_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding only a `kvscope` link to this checkout's src/kvscope."""
-    path = tmp_path / "path"
-    path.mkdir()
+    path = tmp_path_factory.mktemp("path")
     (path / "kvscope").symlink_to(ROOT / "src" / "kvscope")
     return path
 
 
-def drive(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path, pattern: str
-) -> dict[str, Any]:
-    """Run DRIVER's `pattern` in CrewAI's virtualenv: its records (each call's place and the
-    topic of its prompt), the kickoffs' own ids where it keeps them, its stdout."""
-    (tmp_path / "driver.py").write_text(DRIVER)
+def run_driver(
+    python: Path, engine: str, kvscope_path: Path, folder: Path, patterns: list[str]
+) -> tuple[Path, str]:
+    """Run DRIVER's `patterns` in CrewAI's virtualenv, one driver (CrewAI imported once), each
+    pattern in a child forked from it: the folder of their outputs and the driver's stderr."""
+    (folder / "driver.py").write_text(DRIVER)
+    shutil.copy(HERE / "fork_patterns.py", folder / "fork_patterns.py")
     env = {
-        "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": str(kvscope_path),
-        "XDG_DATA_HOME": str(tmp_path / "data"), "OPENAI_BASE_URL": engine,
+        "PATH": os.environ.get("PATH", ""), "HOME": str(folder), "PYTHONPATH": str(kvscope_path),
+        "XDG_DATA_HOME": str(folder / "data"), "OPENAI_BASE_URL": engine,
         "OPENAI_API_KEY": "x", "CREWAI_DISABLE_TELEMETRY": "true", "OTEL_SDK_DISABLED": "true",
         "CREWAI_TRACING_ENABLED": "false", "TOOL_S": str(TOOL_S),
         "EXAMPLE": str(ROOT / "examples" / "crewai_app.py"),
+        "PATTERN_TIMEOUT_S": str(PATTERN_TIMEOUT_S),
     }  # fmt: skip
+    out = folder / "out"
     done = subprocess.run(
-        [str(python), str(tmp_path / "driver.py"), pattern], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=300,
+        [str(python), str(folder / "driver.py"), str(out), *patterns], cwd=folder, env=env,
+        capture_output=True, text=True, timeout=60 + PATTERN_TIMEOUT_S * len(patterns),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RECORDS "))
-    result = json.loads(line.removeprefix("RECORDS "))
+    return out, done.stderr
+
+
+@pytest.fixture(scope="module")
+def driven(
+    python: Path,
+    engine: str,
+    kvscope_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> tuple[Path, str]:
+    """One driver for the patterns in SHARED of this session's selected tests."""
+    tests = {
+        getattr(t, "originalname", "") for t in request.session.items if t.module is request.module
+    }
+    patterns = [p for p, test in SHARED.items() if test in tests]
+    return run_driver(python, engine, kvscope_path, tmp_path_factory.mktemp("crewai"), patterns)
+
+
+def drive(driven: tuple[Path, str], pattern: str) -> dict[str, Any]:
+    """The `pattern`'s records (each call's place, all placed, and the topic of its prompt), the
+    kickoffs' own ids where it keeps them, its stdout; AssertionError naming it where it failed."""
+    result, stdout = fork_patterns.read(driven[0], pattern, driven[1])
     assert result["outside"] is None and result["records"]
     assert all(r["place"] is not None for r in result["records"]), result
-    return {**result, "stdout": done.stdout}
+    return {**result, "stdout": stdout}
 
 
 def runs_of(result: dict[str, Any]) -> list[list[dict[str, Any]]]:
@@ -227,12 +280,10 @@ SEQUENTIAL = [
 ]
 
 
-def test_sequential_crew_two_kickoffs(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path
-) -> None:
+def test_sequential_crew_two_kickoffs(driven: tuple[Path, str]) -> None:
     """Each task's agent by its role, the task by name or description (60 chars, whitespace
     collapsed); a kickoff the workflow, the next kickoff another; no thread, no tool time."""
-    result = drive(python, engine, kvscope_path, tmp_path, "sequential")
+    result = drive(driven, "sequential")
     runs = runs_of(result)
     assert [run[0]["workflow_run_id"] for run in runs] == result["kickoffs"]  # CrewAI's ids
     assert len(runs) == 2
@@ -244,19 +295,18 @@ def test_sequential_crew_two_kickoffs(
 
 
 def test_kickoff_for_each(python: Path, engine: str, kvscope_path: Path, tmp_path: Path) -> None:
-    """One workflow per input (CrewAI kicks a copy of the crew off for each); the driver
-    imports crewai before watch(), which then installs at once."""
-    runs = runs_of(drive(python, engine, kvscope_path, tmp_path, "for_each"))
+    """One workflow per input (CrewAI kicks a copy of the crew off for each); the driver (one
+    of its own) imports crewai before watch(), which then installs at once."""
+    driver = run_driver(python, engine, kvscope_path, tmp_path, ["for_each"])
+    runs = runs_of(drive(driver, "for_each"))
     assert [[p["topic"] for p in run] for run in runs] == [["cats"] * 2, ["dogs"] * 2]
     for run, topic in zip(runs, ("cats", "dogs"), strict=True):
         assert who(run) == [(a, n.format(topic), t, p) for a, n, t, p in SEQUENTIAL]
 
 
-def test_tool_time_charged_to_the_agents_next_call(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path
-) -> None:
+def test_tool_time_charged_to_the_agents_next_call(driven: tuple[Path, str]) -> None:
     """The researcher's tool loop is one turn; its next call carries the tool's time."""
-    (run,) = runs_of(drive(python, engine, kvscope_path, tmp_path, "tools"))
+    (run,) = runs_of(drive(driven, "tools"))
     assert [p["agent_id"] for p in run][:2] == ["researcher", "researcher"]
     assert [p["turn_id"] for p in run if p["agent_id"] == "researcher"] == [1] * (len(run) - 1)
     assert run[0]["tool_ms"] is None and run[1]["tool_ms"] >= TOOL_S * 1000
@@ -264,13 +314,11 @@ def test_tool_time_charged_to_the_agents_next_call(
     assert run[-1]["agent_id"] == "writer" and run[-1]["tool_ms"] is None
 
 
-def test_hierarchical_crew_manager_delegates(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path
-) -> None:
+def test_hierarchical_crew_manager_delegates(driven: tuple[Path, str]) -> None:
     """The manager runs each task and delegates it (a tool): the coworker's calls are its own,
     under the delegated task; the manager's next call carries the delegation's time; each task
     is the manager's next turn."""
-    (run,) = runs_of(drive(python, engine, kvscope_path, tmp_path, "hierarchical"))
+    (run,) = runs_of(drive(driven, "hierarchical"))
     manager = "Crew Manager"
     got = [(p["agent_id"], p["turn_id"], p["previous_agent_id"]) for p in run]
     assert got == [
@@ -289,12 +337,10 @@ def test_hierarchical_crew_manager_delegates(
 @pytest.mark.parametrize(
     "pattern", ["concurrent_async", "concurrent_akickoff", "concurrent_threads"]
 )
-def test_two_kickoffs_at_once_keep_their_own_ids(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path, pattern: str
-) -> None:
+def test_two_kickoffs_at_once_keep_their_own_ids(driven: tuple[Path, str], pattern: str) -> None:
     """Two crews kicked off at once (kickoff_async under asyncio.gather; two threads): their
     calls interleave, each is named in its own kickoff (the topic in its prompt says which)."""
-    result = drive(python, engine, kvscope_path, tmp_path, pattern)
+    result = drive(driven, pattern)
     records, runs = result["records"], runs_of(result)
     assert len(runs) == 2
     assert [r["topic"] for r in records][:2] in (["cats", "dogs"], ["dogs", "cats"])  # at once
@@ -316,9 +362,9 @@ def test_reader_imports_with_the_standard_library_only(kvscope_path: Path) -> No
     assert done.returncode == 0, done.stderr
 
 
-def test_the_example_app(python: Path, engine: str, kvscope_path: Path, tmp_path: Path) -> None:
+def test_the_example_app(driven: tuple[Path, str]) -> None:
     """examples/crewai_app.py, two kickoffs: researcher, writer, editor by their tasks' names."""
-    result = drive(python, engine, kvscope_path, tmp_path, "example")
+    result = drive(driven, "example")
     assert result["stdout"].count("[tea] ") == result["stdout"].count("[bicycles] ") == 1
     runs = runs_of(result)
     assert len(runs) == 2
@@ -330,12 +376,10 @@ def test_the_example_app(python: Path, engine: str, kvscope_path: Path, tmp_path
         ]
 
 
-def test_the_example_app_hierarchical(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path
-) -> None:
+def test_the_example_app_hierarchical(driven: tuple[Path, str]) -> None:
     """`--hierarchical`: the manager (its role, `manager`) runs each task, a turn each, and
     delegates it to a coworker (the driver scripts the delegation), whose calls are its own."""
-    result = drive(python, engine, kvscope_path, tmp_path, "example_hierarchical")
+    result = drive(driven, "example_hierarchical")
     runs = runs_of(result)
     assert len(runs) == 2
     for run in runs:
@@ -349,12 +393,10 @@ def test_the_example_app_hierarchical(
         assert all(p["previous_agent_id"] == "manager" for p in run if p["agent_id"] != "manager")
 
 
-def test_async_tasks_of_one_kickoff(
-    python: Path, engine: str, kvscope_path: Path, tmp_path: Path
-) -> None:
+def test_async_tasks_of_one_kickoff(driven: tuple[Path, str]) -> None:
     """Two `async_execution` tasks at once (CrewAI runs each in a thread of its own), then the
     researcher's second task: its turn 2; each call's previous agent the kickoff's last caller."""
-    (run,) = runs_of(drive(python, engine, kvscope_path, tmp_path, "concurrent_tasks"))
+    (run,) = runs_of(drive(driven, "concurrent_tasks"))
     first, second, last = run
     assert {first["agent_id"], second["agent_id"]} == {"researcher", "writer"}
     assert (first["turn_id"], second["turn_id"]) == (1, 1)
