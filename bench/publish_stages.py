@@ -6,10 +6,10 @@ the total), finalize (the tables), analysis (analyze_run), summary + figures (su
 timeline.png, evictions.png), report (report.html), then the MLflow run in a fresh local SQLite
 store beside the run directory (kvscope's default, `sqlite:///<runs>/mlflow.db`): metrics,
 artifacts, traces (planned from the rows and streams, built and inserted by
-kvscope.traces.write_traces in a child process, kvscope/trace_job.py, started by publish before
+kvscope.traces.write_traces in child processes, kvscope/trace_job.py, started by publish before
 the summary, beside the figures and the report; with --traces-before-analysis once the tables
-are written, beside the analysis too; printed: its seconds from start to exit, its peak RSS and
-how long publish waited for it after the report), the audit (TrackingRun.finish: every trace of
+are written, beside the analysis too; printed: each child's seconds from start to exit, its peak RSS
+and how long publish waited for it after the report), the audit (TrackingRun.finish: every trace of
 the run counted with its spans, the audit's metrics logged, the run ended). Then the audit
 against the rows (a trace per invocation expected) and this process's peak RSS (VmHWM).
 """
@@ -45,8 +45,8 @@ def _timed(module: Any, name: str, spent: dict[str, float], key: str) -> None:
     setattr(module, name, wrapper)
 
 
-def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
-    """The trace writer's seconds from its start to its exit and its peak RSS (VmHWM, read
+def watch(process: subprocess.Popen[bytes], inside: dict[str, float], index: int) -> None:
+    """A trace writer's seconds from its start to its exit and its peak RSS (VmHWM, read
     every 0.2 s: its rusage would count the parent's pages it was forked with)."""
     t0, peak = time.perf_counter(), 0
     while process.poll() is None:
@@ -56,8 +56,8 @@ def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
         except (OSError, StopIteration):
             pass
         time.sleep(0.2)
-    inside["trace writer start to exit"] = time.perf_counter() - t0
-    inside["trace writer peak RSS MiB"] = peak / 1024
+    inside[f"trace writer {index} start to exit"] = time.perf_counter() - t0
+    inside[f"trace writer {index} peak RSS MiB"] = peak / 1024
 
 
 def publish_run(folder: str, early: bool = False) -> None:
@@ -81,8 +81,8 @@ def publish_run(folder: str, early: bool = False) -> None:
 
     def started(*args: Any, **kwargs: Any) -> TraceJob | None:
         job = start(*args, **kwargs)
-        if job is not None:
-            watching.append(threading.Thread(target=watch, args=(job.process, inside)))
+        for index, process in enumerate(job.processes if job is not None else ()):
+            watching.append(threading.Thread(target=watch, args=(process, inside, index)))
             watching[-1].start()
         return job
 

@@ -200,18 +200,20 @@ def write_run_traces(
     analysis: RunAnalysis, tracking: "TrackingRun", job: TraceJob | None = None
 ) -> "TraceWrite":
     """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): what
-    `job` wrote, else written here (no job, or one that wrote nothing)."""
-    if job is not None and (done := job.wait()) is not None:
-        return done
-    from kvscope.traces import write_traces
+    `job` wrote, and here the parts it did not write (all of them: no job)."""
+    from kvscope.trace_job import WHOLE, in_part
+    from kvscope.traces import TraceWrite, write_traces
 
-    return write_traces(
-        analysis.run_dir,
-        analysis.requests,
-        client=tracking.client,
-        experiment_id=tracking.experiment_id,
-        run_id=tracking.run_id or "",
-    )
+    done, left = job.wait() if job is not None else (TraceWrite(0, 0), [WHOLE])
+    for part in left:
+        done += write_traces(
+            analysis.run_dir,
+            in_part(analysis.requests, part),
+            client=tracking.client,
+            experiment_id=tracking.experiment_id,
+            run_id=tracking.run_id or "",
+        )
+    return done
 
 
 def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float | None]:

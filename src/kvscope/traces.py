@@ -25,7 +25,7 @@ links the app's traces to the kvscope run (an app in another process does not kn
 
 Writing: in bulk (trace_writer.py: the traces built as MLflow would store them, many per store
 operation: one transaction per 500 traces into the local SQLite store, one OTLP request per 100
-to a tracking server); at publish, by a child process beside the report (trace_job.py). The
+to a tracking server); at publish, by child processes beside the report (trace_job.py). The
 fluent way (`write_trace`: `mlflow.start_span_no_context` for each span, exported through
 MLflow's queues, paced by `Pace`) is kept for the stores that take no bulk writes and for traces
 whose values MLflow's tracer would move into attachments.
@@ -35,7 +35,7 @@ import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,10 @@ class TraceWrite:
     def expected(self) -> int:
         """Traces the run's audit should find: kvscope's and the app's linked ones."""
         return self.written + self.app_linked
+
+    def __add__(self, other: "TraceWrite") -> "TraceWrite":  # two parts' writes together
+        a, b = asdict(self), asdict(other)
+        return TraceWrite(**{k: a[k] + b[k] for k in a})
 
 
 @dataclass(frozen=True)
@@ -390,10 +394,6 @@ def link_app_traces(
     for i in range(0, len(present), _LINKS_PER_CALL):
         client.link_traces_to_run(present[i : i + _LINKS_PER_CALL], run_id)
     if missing := len(wanted) - len(present):
-        log.warning(
-            "%d of the app's MLflow traces are not in experiment %s: not linked to run %s",
-            missing,
-            experiment_id,
-            run_id,
-        )
+        log.warning("%d of the app's MLflow traces are not in experiment %s: not linked to run "
+                    "%s", missing, experiment_id, run_id)  # fmt: skip
     return len(present)
