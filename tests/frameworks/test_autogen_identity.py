@@ -5,34 +5,48 @@ the workflow, an agent's k-th speaking turn its turn, the previous call's agent 
 tool time charged to the agent's next call; a RoundRobinGroupChat run twice, a SelectorGroupChat
 (its speaker selection named as AutoGen names the manager), a single agent, two teams at once
 (asyncio.gather, threads), a team inside a team, examples/autogen_app.py. A driver script
-(DRIVER, written into tmp_path) runs the app with `kvscope.probe.autogen` watching and records
-`place()` for each chat completion as it leaves httpx2 (the OpenAI SDK >= 3's httpx). The
-stand-in engine answers every request with the same text and makes no tool calls: where an
+(DRIVER, written into a temporary folder) runs the app with `kvscope.probe.autogen` watching and
+records `place()` for each chat completion as it leaves httpx2 (the OpenAI SDK >= 3's httpx).
+The stand-in engine answers every request with the same text and makes no tool calls: where an
 agent must call its tool, the driver answers that request itself with a scripted tool call (the
-request still leaves httpx2).
+request still leaves httpx2). AutoGen is imported once per driver: one driver (the module's
+`driven` fixture) runs every pattern the session selected, each in a process forked from it
+(fork_patterns: its own records and stdout; a failure fails only its own tests); `_late` runs
+in a driver of its own, which imports AutoGen before `watch()`.
 """
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import fork_patterns
 import pytest
 from framework_venv import framework_python
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PATTERN_TIMEOUT_S = 240
+SHARED = {  # the patterns one driver runs (each forked from it), in order -> the test reading it
+    "round_robin": "test_round_robin_runs", "own_runtime": "test_round_robin_runs",
+    "selector": "test_selector_group_chat", "single": "test_single_agent_runs",
+    "gather": "test_teams_at_once", "threads": "test_teams_at_once", "tools": "test_tool_time",
+    "nested": "test_team_in_a_team", "example": "test_example_app",
+}  # fmt: skip
 REQUIREMENTS = ["autogen-agentchat==0.7.5", "autogen-ext[openai]==0.7.5"]
 TOOL_S = 0.05
 MANAGER = "SelectorGroupChatManager"  # AutoGen's name for a SelectorGroupChat's manager
 
 DRIVER = r'''
 import asyncio, dataclasses, json, os, sys, threading
+import fork_patterns
 from kvscope.probe import autogen as probe
 
-pattern = sys.argv[1]
-if not pattern.endswith("_late"):
+OUT, PATTERNS = sys.argv[1], sys.argv[2:]
+LATE = any(p.endswith("_late") for p in PATTERNS)
+assert not LATE or len(PATTERNS) == 1, "a _late pattern imports autogen first: a driver of its own"
+if not LATE:
     probe.watch()  # before autogen is imported: the post-import hooks install
 import httpx2
 from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
@@ -44,9 +58,8 @@ from autogen_core.models import ModelInfo, UserMessage
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-if pattern.endswith("_late"):
+if LATE:
     probe.watch()  # after: installs at once
-    pattern = pattern[: -len("_late")]
 LOCK = threading.Lock()
 RECORDS: list = []
 TOOL_S = float(os.environ["TOOL_S"])
@@ -184,19 +197,24 @@ async def one_run(i):
     await round_robin(f"team{i}").run(task="Go.")
 
 
-if pattern == "threads":  # asyncio.run in two threads at once, a team run in each
-    threads = [threading.Thread(target=asyncio.run, args=(one_run(i),)) for i in (1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-elif pattern == "example":  # the example as `python examples/autogen_app.py --selector` runs it
-    import runpy
-    sys.argv = ["autogen_app.py", "--selector", "--tasks", "2", "--messages", "4"]
-    runpy.run_path(os.environ["EXAMPLE"], run_name="__main__")
-else:
-    asyncio.run(main(pattern))
-print(json.dumps(RECORDS))
+def run(pattern):
+    pattern = pattern.removesuffix("_late")
+    if pattern == "threads":  # asyncio.run in two threads at once, a team run in each
+        threads = [threading.Thread(target=asyncio.run, args=(one_run(i),)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    elif pattern == "example":  # the example as `python examples/autogen_app.py --selector`
+        import runpy
+        sys.argv = ["autogen_app.py", "--selector", "--tasks", "2", "--messages", "4"]
+        runpy.run_path(os.environ["EXAMPLE"], run_name="__main__")
+    else:
+        asyncio.run(main(pattern))
+    return RECORDS
+
+
+fork_patterns.run_each(PATTERNS, run, OUT, float(os.environ["PATTERN_TIMEOUT_S"]), home=False)
 '''
 
 
@@ -213,19 +231,37 @@ def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def drive(python: Path, probe_path: Path, engine: str, tmp_path: Path, pattern: str) -> list[Any]:
-    """Run DRIVER's `pattern` in AutoGen's virtualenv; each chat completion's place (or None)."""
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
+def run_driver(
+    python: Path, probe_path: Path, engine: str, folder: Path, patterns: list[str]
+) -> tuple[Path, str]:
+    """Run DRIVER's `patterns` in AutoGen's virtualenv, one driver (AutoGen imported once), each
+    pattern in a child forked from it: the folder of their outputs and the driver's stderr."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
         "PYTHONPATH": str(probe_path), "OPENAI_BASE_URL": engine, "OPENAI_API_KEY": "none",
         "TOOL_S": str(TOOL_S), "EXAMPLE": str(ROOT / "examples" / "autogen_app.py"),
     }  # fmt: skip
-    done = subprocess.run([str(python), str(script), pattern], env=env, capture_output=True,
-                          text=True, timeout=240, cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fork_patterns.start_driver(python, DRIVER, folder, patterns, env, PATTERN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def driven(
+    python: Path,
+    probe_path: Path,
+    engine: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> tuple[Path, str]:
+    """One driver for the patterns in SHARED of this session's selected tests."""
+    folder, patterns = tmp_path_factory.mktemp("autogen"), fork_patterns.selected(request, SHARED)
+    return run_driver(python, probe_path, engine, folder, patterns)
+
+
+def drive(driven: tuple[Path, str], pattern: str) -> list[Any]:
+    """Each chat completion's place (or None) in `pattern`; AssertionError naming it where it
+    failed."""
+    places, _ = fork_patterns.read(driven[0], pattern, driven[1])
+    return places
 
 
 def by_run(places: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -252,11 +288,14 @@ def check_round_robin(calls: list[dict[str, Any]], team: str) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["round_robin", "round_robin_late", "own_runtime"])
-def test_round_robin_runs(python: Path, probe_path: Path, engine: str, tmp_path: Path,
-                          pattern: str) -> None:  # fmt: skip
-    """The same team run twice; watch() before or after autogen's import (`_late`); the team
-    in the app's own runtime, started before the runs (no context of the run's to inherit)."""
-    places = drive(python, probe_path, engine, tmp_path, pattern)
+def test_round_robin_runs(python: Path, probe_path: Path, engine: str, driven: tuple[Path, str],
+                          tmp_path: Path, pattern: str) -> None:  # fmt: skip
+    """The same team run twice; watch() before or after autogen's import (`_late`: a driver of
+    its own); the team in the app's own runtime, started before the runs (no context of the
+    run's to inherit)."""
+    if pattern.endswith("_late"):
+        driven = run_driver(python, probe_path, engine, tmp_path, [pattern])
+    places = drive(driven, pattern)
     assert None not in places and len(places) == 8
     runs = by_run(places)
     assert len(runs) == 2  # one workflow per team.run, the same team run twice
@@ -264,8 +303,8 @@ def test_round_robin_runs(python: Path, probe_path: Path, engine: str, tmp_path:
         check_round_robin(calls, "review")
 
 
-def test_selector_group_chat(python: Path, probe_path: Path, engine: str, tmp_path: Path) -> None:
-    places = drive(python, probe_path, engine, tmp_path, "selector")
+def test_selector_group_chat(driven: tuple[Path, str]) -> None:
+    places = drive(driven, "selector")
     assert None not in places
     (calls,) = by_run(places).values()
     agents = [c["agent_id"] for c in calls]
@@ -278,8 +317,8 @@ def test_selector_group_chat(python: Path, probe_path: Path, engine: str, tmp_pa
     check_transitions(calls)
 
 
-def test_single_agent_runs(python: Path, probe_path: Path, engine: str, tmp_path: Path) -> None:
-    places = drive(python, probe_path, engine, tmp_path, "single")
+def test_single_agent_runs(driven: tuple[Path, str]) -> None:
+    places = drive(driven, "single")
     assert places[0] is None and places[-1] is None  # a model call outside any agent
     inside = places[1:-1]  # agent.run, run, run_stream; a streaming agent's run_stream
     assert len(inside) == 4 and len(by_run(inside)) == 4
@@ -288,10 +327,9 @@ def test_single_agent_runs(python: Path, probe_path: Path, engine: str, tmp_path
 
 
 @pytest.mark.parametrize("pattern", ["gather", "threads"])
-def test_teams_at_once(python: Path, probe_path: Path, engine: str, tmp_path: Path,
-                       pattern: str) -> None:  # fmt: skip
+def test_teams_at_once(driven: tuple[Path, str], pattern: str) -> None:
     """Two team runs at once (asyncio.gather, or asyncio.run in two threads) keep their own."""
-    places = drive(python, probe_path, engine, tmp_path, pattern)
+    places = drive(driven, pattern)
     assert None not in places and len(places) == 8
     runs = by_run(places)
     assert len(runs) == 2
@@ -306,10 +344,10 @@ def test_teams_at_once(python: Path, probe_path: Path, engine: str, tmp_path: Pa
         assert max(s[0] for s in spans) < min(s[-1] for s in spans)
 
 
-def test_tool_time(python: Path, probe_path: Path, engine: str, tmp_path: Path) -> None:
+def test_tool_time(driven: tuple[Path, str]) -> None:
     """Tool time goes to the agent's next call: the app's own agent's (two runs of a tool), an
     AssistantAgent's (its tool call, then its reflection on the result in the same turn)."""
-    places = drive(python, probe_path, engine, tmp_path, "tools")
+    places = drive(driven, "tools")
     (calls,) = by_run(places).values()
     assert [(c["agent_id"], c["turn_id"]) for c in calls] == [
         ("looker", 1), ("looker", 1), ("helper", 1), ("helper", 1), ("writer", 1)]  # fmt: skip
@@ -322,18 +360,18 @@ def test_tool_time(python: Path, probe_path: Path, engine: str, tmp_path: Path) 
     check_transitions(calls)
 
 
-def test_team_in_a_team(python: Path, probe_path: Path, engine: str, tmp_path: Path) -> None:
+def test_team_in_a_team(driven: tuple[Path, str]) -> None:
     """A team as a participant runs inside the outer team's workflow, named under it."""
-    places = drive(python, probe_path, engine, tmp_path, "nested")
+    places = drive(driven, "nested")
     (calls,) = by_run(places).values()
     nodes = {c["agent_id"]: c["graph_node"] for c in calls}
     assert nodes["lead"] == "outer/lead" and nodes["a"] == "outer/inner/a"
     check_transitions(calls)
 
 
-def test_example_app(python: Path, probe_path: Path, engine: str, tmp_path: Path) -> None:
+def test_example_app(driven: tuple[Path, str]) -> None:
     """examples/autogen_app.py --selector: two team runs, every call named."""
-    places = drive(python, probe_path, engine, tmp_path, "example")
+    places = drive(driven, "example")
     assert None not in places
     runs = by_run(places)
     assert len(runs) == 2

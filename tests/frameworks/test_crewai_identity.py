@@ -17,7 +17,6 @@ researcher's tool), the driver's `send` answers that request itself with a scrip
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -218,22 +217,14 @@ def run_driver(
 ) -> tuple[Path, str]:
     """Run DRIVER's `patterns` in CrewAI's virtualenv, one driver (CrewAI imported once), each
     pattern in a child forked from it: the folder of their outputs and the driver's stderr."""
-    (folder / "driver.py").write_text(DRIVER)
-    shutil.copy(HERE / "fork_patterns.py", folder / "fork_patterns.py")
     env = {
         "PATH": os.environ.get("PATH", ""), "HOME": str(folder), "PYTHONPATH": str(kvscope_path),
         "XDG_DATA_HOME": str(folder / "data"), "OPENAI_BASE_URL": engine,
         "OPENAI_API_KEY": "x", "CREWAI_DISABLE_TELEMETRY": "true", "OTEL_SDK_DISABLED": "true",
         "CREWAI_TRACING_ENABLED": "false", "TOOL_S": str(TOOL_S),
         "EXAMPLE": str(ROOT / "examples" / "crewai_app.py"),
-        "PATTERN_TIMEOUT_S": str(PATTERN_TIMEOUT_S),
     }  # fmt: skip
-    out = folder / "out"
-    done = subprocess.run(
-        [str(python), str(folder / "driver.py"), str(out), *patterns], cwd=folder, env=env,
-        capture_output=True, text=True, timeout=60 + PATTERN_TIMEOUT_S * len(patterns),
-    )  # fmt: skip
-    return out, done.stderr
+    return fork_patterns.start_driver(python, DRIVER, folder, patterns, env, PATTERN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -245,11 +236,8 @@ def driven(
     request: pytest.FixtureRequest,
 ) -> tuple[Path, str]:
     """One driver for the patterns in SHARED of this session's selected tests."""
-    tests = {
-        getattr(t, "originalname", "") for t in request.session.items if t.module is request.module
-    }
-    patterns = [p for p, test in SHARED.items() if test in tests]
-    return run_driver(python, engine, kvscope_path, tmp_path_factory.mktemp("crewai"), patterns)
+    folder, patterns = tmp_path_factory.mktemp("crewai"), fork_patterns.selected(request, SHARED)
+    return run_driver(python, engine, kvscope_path, folder, patterns)
 
 
 def drive(driven: tuple[Path, str], pattern: str) -> dict[str, Any]:
