@@ -2,6 +2,11 @@
 
 Tests that run workloads pass this engine's exact config, so `kvscope run` reuses it instead of
 starting a second one; tests/integration/test_teardown.py stops it and checks nothing is left.
+
+The router tests share two more replicas (`replica_pair`, replica_pair.py): the tests that use
+them are run one after another (their order kept, moved to where the first of them is), the
+pair is started for the first and stopped after the last, when its processes and ports are
+checked gone (a leftover fails that test's teardown); a user after a gap gets a fresh pair.
 """
 
 import json
@@ -12,6 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import CAPACITY, Up, free_port
+from replica_pair import ReplicaPair, start_pair
+
+PAIR = "replica_pair"
+_PAIR: list[ReplicaPair] = []  # the pair while a run of its tests lasts
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +39,33 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     handle.state = json.loads((state_dir / "engine.json").read_text())
     yield handle
     handle.cli("engine", "down")  # no-op when test_teardown already stopped it
+
+
+@pytest.fixture
+def replica_pair(tmp_path_factory: pytest.TempPathFactory) -> ReplicaPair:
+    """The two router replicas, started for the first of the consecutive tests using them."""
+    if not _PAIR:
+        _PAIR.append(start_pair(free_port(20), tmp_path_factory.mktemp("replicas")))
+    return _PAIR[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The replica pair's tests, in their order, where the first of them is."""
+    users = [i for i in items if PAIR in getattr(i, "fixturenames", ())]
+    if users:
+        first, moved = items.index(users[0]), {id(i) for i in users}
+        rest = [i for i in items if id(i) not in moved]
+        items[:] = rest[:first] + users + rest[first:]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last consecutive test using the pair: stop it, check nothing of it is left."""
+    uses = [PAIR in getattr(i, "fixturenames", ()) for i in (item, nextitem) if i is not None]
+    if _PAIR and uses[0] and not any(uses[1:]):
+        _PAIR.pop().close()
+
+
+def pytest_sessionfinish() -> None:
+    while _PAIR:  # an interrupted session: stopped all the same
+        for handle in _PAIR.pop().handles.values():
+            handle.stop()

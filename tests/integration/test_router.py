@@ -1,12 +1,15 @@
 """Two real embedded vLLM replicas behind the real vllm-router (issue 17).
 
-Each test starts its own deployment (engines.deployment: two replicas, then the router; three in
-all): round robin and kv_aware each get four calls through the router, two agents alternating,
-whose prompts share their first 128-token block, and the test checks where they went and what the
-routing cost, then that every process is gone; the round-robin deployment is then attached to by
-`kvscope run`, and `kvscope run` starts one of its own. The router program: $KVSCOPE_TEST_ROUTER,
-else engines.router.executable (pip install 'kvscope[router]'); skipped without it. About a
-minute per deployment on 2 CPU cores.
+`kvscope run` starts a deployment of its own (two replicas, then the router). The other tests
+put a router of their own (round robin; kv_aware, subscribed to the replicas' KV events) in
+front of the replicas they share with test_sglang_router.py (conftest.py's `replica_pair`):
+four calls each, two agents alternating, whose prompts share their first 128-token block, and
+the test checks where they went and what the routing cost; the round-robin deployment is then
+attached to by `kvscope run`. Each test's prompts start with a system prompt of its own (same
+token layout), new to the replicas: no test sees another's blocks, in any order. Every process
+is checked gone: a test's router after it, the replicas after the last test using them. The
+router program: $KVSCOPE_TEST_ROUTER, else engines.router.executable (pip install
+'kvscope[router]'); skipped without it. About a minute per deployment on 2 CPU cores.
 """
 
 import json
@@ -18,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from helpers import KVSCOPE, ROOT, free_port
+from replica_pair import ReplicaPair, router_in_front
 
-from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig
-from kvscope.engines import deployment, kv_events, router
+from kvscope.config import RouterConfig
+from kvscope.engines import kv_events, router
 from kvscope.engines.process import port_free
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
@@ -33,10 +36,16 @@ from kvscope.finalize import replicas
 from kvscope.finalize.provenance import build_ledger
 from kvscope.finalize.routing_misses import routing_columns
 from kvscope.records.kv_events import KV_EVENTS_ARROW
-from kvscope.records.run_dir import ENGINE_LOG, replica_dir, replica_dirs
+from kvscope.records.run_dir import ENGINE_LOG, ROUTER_LOG, replica_dir, replica_dirs
 
 pytestmark = pytest.mark.engine
-SYSTEM = "You are a careful analyst. " * 40  # 266-token prompts: two 128-token blocks
+BLOCK = 128  # the embedded vLLM's block size
+
+
+def system(role: str) -> str:
+    """266-token prompts: two 128-token blocks, the agent named in the second; `role` (one
+    token: analyst, auditor) makes the first block a test's own."""
+    return f"You are a careful {role}. " + "You are a careful analyst. " * 39
 
 
 def program() -> str:
@@ -48,11 +57,11 @@ def program() -> str:
         pytest.skip("vllm-router is not installed (pip install 'kvscope[router]')")
 
 
-def call(base: str, engine: VllmEngine, rid: str, agent: int) -> dict[str, Any]:
+def call(base: str, engine: VllmEngine, rid: str, agent: int, prompt: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": "smollm2", "max_tokens": 4, "temperature": 0,
         "request_id": rid, "session_id": rid,
-        "messages": [{"role": "system", "content": SYSTEM},
+        "messages": [{"role": "system", "content": prompt},
                      {"role": "user", "content": f"Agent {agent}: sum 2 and 3."}],
     }  # fmt: skip
     body |= engine.prompt_ids_fields(body)
@@ -72,42 +81,23 @@ def call(base: str, engine: VllmEngine, rid: str, agent: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def setup(policy: str) -> tuple[EngineConfig, DeploymentConfig, list[int]]:
-    """Two replicas and the router on one free port range: the engine, the deployment, its
-    eight ports."""
-    base_port = free_port(20)
-    port, kv = base_port, base_port + 10
-    engine = EngineConfig(
-        port=port, kv_events_port=kv, kv_capacity_tokens=4096, startup_timeout_s=400
-    )
-    r = RouterConfig(
-        policy=policy, port=base_port + 18, metrics_port=base_port + 19, executable=program()
-    )
-    dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
-    return engine, dep, [port, port + 5, kv, kv + 1, kv + 5, kv + 6, r.port, r.metrics_port]
-
-
-def placed(
-    running: deployment.RunningDeployment, engine: EngineConfig, log_dir: Path
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """Four calls through the router (cold replicas): their rows with replica and routing
-    columns, and the deployment's pids."""
-    procs = [h.process for h in running.replicas.values()]
-    procs.append(running.router.process if running.router else None)
-    pids = [pid for p in procs if p for pid in (p.pid, *p.descendants())]
-    base = running.router.base_url if running.router else ""
-    vllm = VllmEngine(engine)
-    rows = [call(base, vllm, str(uuid.uuid4()), i % 2) for i in range(4)]
+def placed(base: str, pair: ReplicaPair, role: str) -> list[dict[str, Any]]:
+    """Four calls through the router at `base` (a prompt new to the replicas): their rows with
+    replica and routing columns."""
+    vllm = VllmEngine(pair.engine)
+    rows = [call(base, vllm, str(uuid.uuid4()), i % 2, system(role)) for i in range(4)]
+    assert rows[0]["cached_tokens"] == 0  # the prompt is new to the replicas
+    ids = [x["ids"] for x in rows]  # the shared block, then the agents' own
+    assert len({tuple(x[:BLOCK]) for x in ids}) == 1 and ids[0][: 2 * BLOCK] != ids[1][: 2 * BLOCK]
     ledgers = {}
-    for name, h in running.replicas.items():
+    for name, h in pair.handles.items():
         batches = kv_events.replay(h.endpoints.kv_events_replay or "", 0)
         ledgers[name] = build_ledger((b, e) for b in batches for e in b.events)
-    logs = {n: (replica_dir(log_dir, n) / ENGINE_LOG).read_text(errors="replace") for n in ledgers}
-    where = replicas.from_logs(logs, [x["request_uuid"] for x in rows])
+    where = replicas.from_logs(pair.logs(), [x["request_uuid"] for x in rows])
     for x in rows:
         x["replica"] = where[x["request_uuid"]]
     tokens = {x["request_uuid"]: x["ids"] for x in rows}
-    return routing_columns(rows, tokens, ledgers), pids
+    return routing_columns(rows, tokens, ledgers)
 
 
 def kvscope_run(cfg: dict[str, Any], tmp_path: Path) -> tuple[str, Path]:
@@ -124,12 +114,6 @@ def kvscope_run(cfg: dict[str, Any], tmp_path: Path) -> tuple[str, Path]:
     return result.stdout, run_dir
 
 
-def assert_nothing_left(pids: list[int], ports: list[int]) -> None:
-    assert len(pids) >= 3  # two replicas (with their engine cores) and the router
-    assert [p for p in pids if psutil.pid_exists(p)] == []
-    assert [p for p in ports if not port_free("127.0.0.1", p)] == []
-
-
 def check_round_robin(rows: list[dict[str, Any]]) -> None:
     assert all(x["replica"] is not None for x in rows)  # every call placed by the replica logs
     assert rows[0]["replica"] != rows[1]["replica"]  # round robin alternates
@@ -139,16 +123,6 @@ def check_round_robin(rows: list[dict[str, Any]]) -> None:
     assert rows[1]["routing_miss_tokens"] == 128
     assert rows[1]["routing_miss_replica"] == rows[0]["replica"]
     assert [x["routing_miss_tokens"] for x in rows[2:]] == [0, 0]  # each back on its replica
-
-
-def test_kv_aware_keeps_the_shared_block(tmp_path: Path) -> None:
-    engine, dep, ports = setup("kv_aware")
-    with deployment.running(dep, engine, tmp_path) as running:
-        rows, pids = placed(running, engine, tmp_path)
-    assert len({x["replica"] for x in rows}) == 1  # the replica holding the prefix, every time
-    assert rows[1]["cached_tokens"] == 128  # the shared block, served
-    assert [x["routing_miss_tokens"] for x in rows] == [0, 0, 0, 0]
-    assert_nothing_left(pids, ports)
 
 
 def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
@@ -183,34 +157,59 @@ def test_kvscope_run_profiles_a_deployment(tmp_path: Path) -> None:
     assert [p for p in ports if not port_free("127.0.0.1", p)] == []
 
 
-def test_round_robin_then_kvscope_run_attaches_to_the_deployment(tmp_path: Path) -> None:
+@pytest.fixture
+def executable() -> str:
+    """The router program (the test skipped without it, before any replica is started)."""
+    return program()
+
+
+def router_config(policy: str, executable: str) -> RouterConfig:
+    port = free_port(2)
+    return RouterConfig(policy=policy, port=port, metrics_port=port + 1, executable=executable)
+
+
+def test_kv_aware_keeps_the_shared_block(
+    executable: str, replica_pair: ReplicaPair, tmp_path: Path
+) -> None:
+    """kv_aware (subscribed to the replicas' KV events): every call on the replica holding the
+    prefix."""
+    config = router_config("kv_aware", executable)
+    with router_in_front(replica_pair, config, tmp_path / ROUTER_LOG) as r:
+        rows = placed(r.base_url, replica_pair, "auditor")
+    assert len({x["replica"] for x in rows}) == 1  # the replica holding the prefix, every time
+    assert rows[1]["cached_tokens"] == 128  # the shared block, served
+    assert [x["routing_miss_tokens"] for x in rows] == [0, 0, 0, 0]
+
+
+def test_round_robin_then_kvscope_run_attaches_to_the_deployment(
+    executable: str, replica_pair: ReplicaPair, tmp_path: Path
+) -> None:
     """Replicas and router started outside the run, as a user's own deployment is. First four
     calls straight through the router (round robin: the agents split, the second agent misses
     the shared block the first left on the other replica). Then a run attaches (engine kind
     attach, deployment.replica_urls / kv_events_endpoints, router.url). Detection names the
     replicas vLLM, so the calls carry kvscope's request and session ids; with no replica log in
     the run, each call is placed by the session_id of the blocks it stored on its replica's KV
-    event stream. The attached processes are left running by the run, and stopped after."""
-    engine, dep, ports = setup("round_robin")
+    event stream. The attached processes are left running by the run (stopped, and checked
+    gone, when the module is done)."""
     cfg = yaml.safe_load((ROOT / "configs" / "router.yaml").read_text())["base"]
     cfg["workload"] |= {"workflows": 1, "concurrency": 1, "cycles": 1}
-    with deployment.running(dep, engine, tmp_path / "deployment") as running:
-        direct, pids = placed(running, engine, tmp_path / "deployment")
+    rr = router_config("round_robin", executable)
+    with router_in_front(replica_pair, rr, tmp_path / ROUTER_LOG) as running:
+        direct = placed(running.base_url, replica_pair, "analyst")
         check_round_robin(direct)
-        assert running.router is not None
-        handles = list(running.replicas.values())
+        handles = list(replica_pair.handles.values())
         cfg["engine"] = {"kind": "attach"}
         cfg["deployment"] = {
             "replicas": 2,
             "replica_urls": [h.endpoints.base_url for h in handles],
             "kv_events_endpoints": [h.endpoints.kv_events for h in handles],
-            "router": {"policy": "round_robin", "url": running.router.base_url,
-                       "metrics_url": running.router.metrics_url},
+            "router": {"policy": "round_robin", "url": running.base_url,
+                       "metrics_url": running.metrics_url},
         }  # fmt: skip
         _, run_dir = kvscope_run(cfg, tmp_path)
-        for h in [*handles, running.router]:  # attached: not stopped by the run
+        for h in [*handles, running]:  # attached: not stopped by the run
             assert h.process is not None and h.process.exit_code() is None
-    assert_nothing_left(pids, ports)
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
     assert all(r["prompt_token_source"] == "engine" for r in rows)  # vLLM's own ids

@@ -1,10 +1,13 @@
 """Two real embedded vLLM replicas behind the real sglang-router 0.3.2 (issue 17).
 
-The deployment is started by engines.deployment (two replicas, then the router, waited for until
-its /workers lists both). Calls go through the router with kvscope's body fields and an
-x-request-id header. The router program: $KVSCOPE_TEST_SGLANG_ROUTER, else
+The replicas are the ones test_router.py's tests use too (conftest.py's `replica_pair`, started
+as engines.deployment starts a deployment's); the router is started in front of them with the
+command engines.deployment would run and waited for until its /workers lists both
+(replica_pair.router_in_front), then stopped and checked gone. Calls go through the router with
+kvscope's body fields and an x-request-id header, and a system prompt no other test sends (new
+to the replicas). The router program: $KVSCOPE_TEST_SGLANG_ROUTER, else
 engines.router.executable (pip install 'kvscope[sglang-router]'); skipped without it. About a
-minute and a half on 2 CPU cores.
+minute and a half on 2 CPU cores with the replicas' start.
 """
 
 import os
@@ -15,21 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from helpers import free_port
+from replica_pair import ReplicaPair, router_in_front
 
-from kvscope.config import DeploymentConfig, EngineConfig, RouterConfig
+from kvscope.config import RouterConfig
 from kvscope.config_deployment import ROUTER_POLICIES
-from kvscope.engines import deployment, router, sglang_router
-from kvscope.engines.process import port_free
+from kvscope.engines import router, sglang_router
 from kvscope.engines.vllm import VllmEngine
 from kvscope.errors import EngineNotInstalled
 from kvscope.finalize import replicas
-from kvscope.records.run_dir import ENGINE_LOG, ROUTER_LOG, replica_dir
+from kvscope.records.run_dir import ROUTER_LOG
 
 pytestmark = pytest.mark.engine
-SYSTEM = "You are a careful analyst. " * 40  # 266-token prompts: two 128-token blocks
+# 266-token prompts: two 128-token blocks; "reviewer": a first block no other test sends
+SYSTEM = "You are a careful reviewer. " + "You are a careful analyst. " * 39
 
 
 def program() -> str:
@@ -64,43 +67,35 @@ def test_the_policies_kvscope_allows_are_the_programs() -> None:
     assert set(choices.group(1).split(",")) == ROUTER_POLICIES["sglang-router"]
 
 
-def test_sglang_router_routes_to_vllm_replicas(tmp_path: Path) -> None:
-    base_port = free_port(20)
-    port, kv = base_port, base_port + 10
-    engine = EngineConfig(
-        port=port, kv_events_port=kv, kv_capacity_tokens=4096, startup_timeout_s=400
-    )
+@pytest.fixture
+def executable() -> str:
+    """The router program (the test skipped without it, before any replica is started)."""
+    return program()
+
+
+def test_sglang_router_routes_to_vllm_replicas(
+    executable: str, replica_pair: ReplicaPair, tmp_path: Path
+) -> None:
+    port = free_port(2)
     r = RouterConfig(
-        kind="sglang-router", policy="round_robin", port=base_port + 18,
-        metrics_port=base_port + 19, executable=program(),
+        kind="sglang-router", policy="round_robin", port=port, metrics_port=port + 1,
+        executable=executable,
     )  # fmt: skip
-    dep = DeploymentConfig(replicas=2, router=r, port_stride=5)
-    ports = [port, port + 5, kv, kv + 1, kv + 5, kv + 6, r.port, r.metrics_port]
-    with deployment.running(dep, engine, tmp_path) as running:
-        assert running.router is not None and running.router.process is not None
-        base = running.router.base_url
+    with router_in_front(replica_pair, r, tmp_path / ROUTER_LOG) as running:
+        assert running.process is not None
+        base = running.base_url
         listing = httpx.get(base + sglang_router.WORKERS_PATH, timeout=10).json()
         assert listing["total"] == 2  # both registered before start returned
         tagged = [call(base, i % 2, {"x-request-id": "{rid}"}) for i in range(4)]
         untagged = call(base, 0, {})  # the body's request_id alone
-        metrics = httpx.get(running.router.metrics_url, timeout=10).text
-        # a second router, policy manual, in front of the same replicas (ports free now)
+        metrics = httpx.get(running.metrics_url, timeout=10).text
+        # a second router, policy manual, in front of the same replicas
         mp = free_port(2)
         m = r.model_copy(update={"policy": "manual", "port": mp, "metrics_port": mp + 1})
-        ports += [m.port, m.metrics_port]
-        targets = deployment.router_replicas(dep, [h.engine for h in running.replicas.values()])
-        manual = router.start(
-            m, router.launch(m, targets), tmp_path / "manual.log", [x.base_url for x in targets]
-        )
-        try:  # one routing key per agent
+        with router_in_front(replica_pair, m, tmp_path / "manual.log") as manual:
             key = {"x-request-id": "{rid}", sglang_router.ROUTING_KEY_HEADER: "agent{agent}"}
-            keyed = [call(manual.base_url, i % 2, key) for i in range(6)]
-        finally:
-            manual.stop()
-        procs = [*(h.process for h in running.replicas.values()), running.router.process]
-        procs.append(manual.process)
-        pids = [pid for p in procs if p for pid in (p.pid, *p.descendants())]
-    logs = {n: (replica_dir(tmp_path, n) / ENGINE_LOG).read_text() for n in ("r0", "r1")}
+            keyed = [call(manual.base_url, i % 2, key) for i in range(6)]  # a key per agent
+    logs = replica_pair.logs()
     placed = replicas.from_logs(logs, [rid for rid, _ in [*tagged, untagged, *keyed]])
     order = [placed[rid] for rid, _ in tagged]
     assert None not in order  # the header reached vLLM: every tagged call placed by the logs
@@ -108,13 +103,13 @@ def test_sglang_router_routes_to_vllm_replicas(tmp_path: Path) -> None:
     # the router rebuilds the body: kvscope's request_id and vLLM's return_token_ids are gone
     assert placed[untagged[0]] is None
     assert all(VllmEngine.reply_prompt_ids(reply) is None for _, reply in tagged)
-    assert tagged[2][1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    cached = [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for _, reply in tagged]
+    assert cached[0] == 0 and cached[2] > 0  # new to the replicas, then on agent 0's replica
     served = re.findall(r'^smg_worker_cb_outcomes_total\{worker="[^"]+",outcome="success"\} (\d+)',
                         metrics, re.MULTILINE)  # fmt: skip
     assert sorted(int(n) for n in served) == [2, 3]  # the router's own count per replica
     by_agent = [{placed[rid] for rid, _ in keyed[a::2]} for a in (0, 1)]
     assert all(len(s) == 1 and None not in s for s in by_agent)  # each agent kept its replica
     assert "Router ready" in (tmp_path / ROUTER_LOG).read_text(errors="replace")
-    assert len(pids) >= 4
-    assert [p for p in pids if psutil.pid_exists(p)] == []
-    assert [p for p in ports if not port_free("127.0.0.1", p)] == []
+    # each router's processes and ports checked gone by router_in_front, the replicas' when the
+    # last test using them is done (conftest.py)
