@@ -14,6 +14,8 @@ the run counted with its spans, the audit's metrics logged, the run ended). Then
 against the rows (a trace per invocation expected) and this process's peak RSS (VmHWM).
 """
 
+import os
+import resource
 import subprocess
 import threading
 import time
@@ -128,6 +130,11 @@ def publish_run(folder: str, early: bool = False) -> None:
     total = sum(v for k, v in stages.items() if not k.startswith("MLflow open"))
     print(f"finalize + publish (all but MLflow open + start): {total:.2f} s; peak RSS "
           f"{hwm / 1024:,.0f} MiB (this process)")  # fmt: skip
+    cpu = {who: (u.ru_utime + u.ru_stime) for who, u in (
+        ("this process", resource.getrusage(resource.RUSAGE_SELF)),
+        ("the trace writers", resource.getrusage(resource.RUSAGE_CHILDREN)))}  # fmt: skip
+    print("CPU (user + sys): " + ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+          + f"; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     audit = outcome.audit
     print(f"audit: {audit.written if audit else 0:,} traces complete of "
           f"{audit.expected if audit else 0:,} expected ({audit.dropped if audit else '-'} "

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvscope.probe.child import CAPTURE_ENV
 from kvscope.records.requests import REQUESTS_JSONL
 
 if TYPE_CHECKING:
@@ -98,6 +97,9 @@ class TraceJob:
         import what they need (MLflow: ~2-3 s) and wait for `go()` before they read the table
         (the table being written meanwhile); never told, they exit having written nothing."""
         import mlflow
+
+        # here, not at the module's top: a child's interpreter would pay ~2 s of imports for it
+        from kvscope.probe.child import CAPTURE_ENV
 
         mlflow.flush_trace_async_logging()
         count = parts or parts_for(run_dir)
