@@ -203,6 +203,12 @@ class Engine(ABC):
         sends it when prompt_ids_fields were not asked for; None for an event only they bring."""
         return data
 
+    @classmethod
+    def may_be_prompt_ids_only(cls, event: bytes) -> bool:
+        """Whether one SSE event's bytes may be an event only prompt_ids_fields bring (it is then
+        parsed for `without_prompt_ids`); False: `without_prompt_ids(event, None)` is exact."""
+        return False
+
     def install(self, report: Callable[[str], None]) -> None:
         """Install what launching this engine needs, where kvscope owns the install (its own
         venv and model under the cache); quick when done before, a no-op for an attached server

@@ -266,6 +266,10 @@ class SglangEngine(Engine):
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
         return sglang_ids.without_ids(data, chunk)
 
+    @classmethod
+    def may_be_prompt_ids_only(cls, event: bytes) -> bool:
+        return sglang_ids.may_be_added(event)
+
     def exported_timings(self) -> dict[str, dict[str, float | None]]:
         """From --export-metrics-to-file: rid -> queue / prefill / decode ms (the rid is ours)."""
         out: dict[str, dict[str, float | None]] = {}

@@ -35,6 +35,7 @@ _IDS = rb'"input_ids"\s*:\s*\[[-0-9,\s]*\]'
 _ONLY_IDS = re.compile(rb'\s*,\s*"sglext"\s*:\s*\{\s*' + _IDS + rb"\s*\}")
 _SGLEXT = re.compile(rb'"sglext"\s*:\s*\{')
 _MEMBER = re.compile(_IDS)
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 def request_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def prompt_ids(reply: Mapping[str, Any]) -> list[int] | None:
     or they are not a list of ints."""
     ext = reply.get("sglext")
     ids = ext.get("input_ids") if isinstance(ext, Mapping) else None
-    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+    if not isinstance(ids, list) or (ids and set(map(type, ids)) != {int}):
         return None
     return ids
 
@@ -76,6 +77,13 @@ def without_ids(data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
     if after.startswith(b","):  # first of more: cut up to the member after it
         return data[:start] + after[1:].lstrip()
     return data
+
+
+def may_be_added(event: bytes) -> bool:
+    """Whether one SSE event may be the chunk only the flag brings (no choices, the ids): only
+    such an event needs its parsed chunk for `without_ids`; for any other `without_ids(event,
+    None)` is exact."""
+    return b'"input_ids"' in event and _NO_CHOICES.search(event) is not None
 
 
 def _only_ids_chunk(chunk: Mapping[str, Any]) -> bool:

@@ -229,6 +229,10 @@ class VllmEngine(Engine):
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
         return vllm_ids.without_ids(data, chunk)
 
+    @classmethod
+    def may_be_prompt_ids_only(cls, event: bytes) -> bool:
+        return vllm_ids.may_be_added(event)
+
     def preflight(self) -> None:
         c = self.config
         if c.python is None and c.page_size and c.page_size % CPU_BLOCK_MULTIPLE:

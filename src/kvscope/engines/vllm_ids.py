@@ -25,7 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 FIELD = "return_token_ids"
-_IDS = re.compile(rb'("(?:prompt_)?token_ids"\s*:\s*)\[[-0-9,\s]*\]')
+# `token_ids"` first (a literal the scan looks for), then a look back that it was the whole key
+_IDS = re.compile(rb'(token_ids"(?:(?<="token_ids")|(?<="prompt_token_ids"))\s*:\s*)\[[-0-9,\s]*\]')
+_EMPTY_DELTA = re.compile(rb'"delta"\s*:\s*\{\s*\}')
+_COMPACT = (b'"token_ids":[', b'"prompt_token_ids":[')  # as vLLM writes them (no spaces)
+_SPACED = re.compile(rb'token_ids"\s*:\s*\[')  # a list left: written with spaces
 
 
 def request_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,7 +50,7 @@ def prompt_ids(reply: Mapping[str, Any]) -> list[int] | None:
             if isinstance(choice, Mapping) and choice.get("prompt_token_ids") is not None:
                 ids = choice["prompt_token_ids"]
                 break
-    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+    if not isinstance(ids, list) or (ids and set(map(type, ids)) != {int}):
         return None
     return ids
 
@@ -56,7 +60,31 @@ def without_ids(data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
     without the flag: id lists -> null; None for a chunk that only the flag brings."""
     if chunk is not None and _held_back(chunk):
         return None
-    return _IDS.sub(rb"\1null", data)
+    if b"_ids" not in data:
+        return data
+    spans = []  # vLLM's compact lists, found by `find` (a fast scan), cut out in one join
+    for key in _COMPACT:
+        start = data.find(key)
+        while start != -1:
+            end = data.find(b"]", start)
+            if end == -1:
+                break
+            spans.append((start + len(key) - 1, end + 1))
+            start = data.find(key, end)
+    if spans:
+        parts, at = [], 0
+        for start, end in sorted(spans):
+            parts += [data[at:start], b"null"]
+            at = end
+        data = b"".join([*parts, data[at:]])
+    return _IDS.sub(rb"\1null", data) if _SPACED.search(data) else data
+
+
+def may_be_added(event: bytes) -> bool:
+    """Whether one SSE event may be a chunk only the flag brings (an empty delta): only such an
+    event needs its parsed chunk for `without_ids`; for any other `without_ids(event, None)` is
+    exact."""
+    return (b"{}" in event or b"{ " in event) and _EMPTY_DELTA.search(event) is not None
 
 
 def _held_back(chunk: Mapping[str, Any]) -> bool:

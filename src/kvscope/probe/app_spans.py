@@ -43,6 +43,19 @@ def annotate(record: RequestRecord) -> RequestRecord:
         return record
 
 
+def active() -> bool:
+    """Whether `annotate` would act on the caller's thread now: the app imported MLflow and a span
+    of its own is active there (a call's row is then finished on the app's thread, not later on
+    the capture's background thread, where the app's context is not). Never raises."""
+    if "mlflow" not in sys.modules:
+        return False
+    try:
+        span = sys.modules["mlflow"].get_current_active_span()
+    except Exception:
+        return False
+    return span is not None and span.trace_id != _NO_OP_TRACE_ID
+
+
 def _annotate(record: RequestRecord) -> RequestRecord:
     import mlflow
 

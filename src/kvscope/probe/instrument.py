@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kvscope.probe.background import Background
 from kvscope.probe.tokenizer_process import TokenizerProcess
-from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer, digest, template_messages, token_hash
 from kvscope.records.prompt_columns import APP, WORKER, PromptColumns
 from kvscope.records.tokens import PromptTokenIds
@@ -50,7 +50,7 @@ class _Prompt:
 class PromptInstrument:
     """The `Instrument` (probe/wire.py) of a capture session; `tokens` None: no tokenizer.
 
-    With a `worker` (probe/tokenizing.py) and a `columns_sink`, a call whose ids need the
+    With a `worker` (probe/background.py) and a `columns_sink`, a call whose ids need the
     tokenizer (the engine returned none) gets its prompt columns off the app's thread: the row
     goes out without them, and a PromptColumns record (records/prompt_columns.py) follows.
     With a `process` too, the worker hands the call to that process (the chat template and the
@@ -62,7 +62,7 @@ class PromptInstrument:
         token_sink: Callable[[PromptTokenIds], None] | None,
         store_prompts: bool = False,
         *,
-        worker: Tokenizing | None = None,
+        worker: Background | None = None,
         columns_sink: Callable[[PromptColumns], None] | None = None,
         process: TokenizerProcess | None = None,
     ) -> None:
@@ -84,7 +84,9 @@ class PromptInstrument:
             out["raw_messages_json"] = json.dumps(messages, ensure_ascii=False)
         if self.worker is not None and engine_ids is None and self.tokens is not None:
             args = (body, request_uuid, hints, prompt_tokens)
-            if not self.worker.submit(partial(self._later, *args, WORKER)):
+            if self.worker.on_thread():  # the call's end is on the worker already
+                self._later(*args, WORKER)
+            elif not self.worker.submit(partial(self._later, *args, WORKER)):
                 self._later(*args, APP)
             return out
         return out | self.columns(body, request_uuid, hints, prompt_tokens, engine_ids)

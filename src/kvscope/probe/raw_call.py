@@ -28,7 +28,6 @@ and the failure, by its exception's class names (probe/measure.failure_named rea
 import importlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -37,13 +36,12 @@ from typing import Any
 
 from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
-from kvscope.probe.json_body import loads
+from kvscope.probe.reply_edit import ReplyEdit, events
 
 log = logging.getLogger(__name__)
 RAW_CALLS_JSONL = "raw_calls.jsonl"  # a process's records: part files raw_calls.jsonl.<pid>
 REQUEST_MARK = "<<kvscope:request_uuid>>"
 AGENT_MARK = "<<kvscope:agent>>"
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 @dataclass(frozen=True)
@@ -115,6 +113,7 @@ class RawCall(CallEnd):
         self.status_code: int | None = None
         self.reply_headers: dict[str, str] = {}
         self.chunks: list[tuple[float, str]] = []
+        self.reply_edit: ReplyEdit | None = None  # set when the reply's headers say a stream
         self.buffer = b""
         self.done = False
 
@@ -128,51 +127,30 @@ class RawCall(CallEnd):
         plain = self.reply_headers["content-encoding"] in ("", "identity")
         self.strip = self.strip and self.sse and plain
         self.rewrite = self.rewrite and status_code < 400 and plain
+        if self.sse and (self.strip or self.rewrite):
+            without = self.edit.without_ids if self.rewrite and self.edit is not None else None
+            candidate = self.edit.may_be_added if self.edit is not None else _never
+            self.reply_edit = ReplyEdit(self.strip, without, candidate)
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         self.chunks.append((now - self.t0, chunk.decode("latin-1")))
         if not (self.strip or self.rewrite):
             return chunk
-        self.buffer += chunk
-        if not self.sse:
-            return b""  # a body edited at its end
-        out, start = [], 0
-        for end in _EVENT_END.finditer(self.buffer):
-            out.append(self._kept(self.buffer[start : end.end()]))
-            start = end.end()
-        self.buffer = self.buffer[start:]
-        return b"".join(out)
+        if self.reply_edit is None:  # a body edited at its end
+            self.buffer += chunk
+            return b""
+        done, self.buffer = events(self.buffer + chunk)
+        kept = self.reply_edit.kept
+        return b"".join([kept(event) for event in done])
 
     def flush(self, now: float) -> bytes:
         if not (self.strip or self.rewrite):
             return b""
         tail, self.buffer = self.buffer, b""
-        if not self.sse:
+        if self.reply_edit is None:
             assert self.edit is not None
             return self.edit.without_ids(tail, None) or b""
-        return self._kept(tail) if tail.strip() else b""
-
-    def _kept(self, event: bytes) -> bytes:
-        """An SSE event as the app gets it: b"" for the usage-only chunk kvscope asked for and
-        for a chunk only the prompt-ids field brought, their ids taken out of the others."""
-        if not self.rewrite and b'"usage"' not in event:  # nothing to edit: not parsed
-            return event
-        data = b"\n".join(
-            line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
-        )
-        if not data or data.strip() == b"[DONE]":
-            return event
-        try:
-            chunk = loads(data)
-        except ValueError:
-            return event
-        if not isinstance(chunk, dict):
-            return event
-        if self.strip and chunk.get("usage") and not chunk.get("choices"):
-            return b""
-        if self.rewrite and self.edit is not None:
-            return self.edit.without_ids(event, chunk) or b""
-        return event
+        return self.reply_edit.kept(tail) if tail.strip() else b""
 
     def fail(self, err: BaseException) -> None:
         message = getattr(err, "message", None)
@@ -209,6 +187,10 @@ class RawCall(CallEnd):
             "early": early,
             "error": error,
         }
+
+
+def _never(_: bytes) -> bool:
+    return False
 
 
 def _module(name: str) -> Any:

@@ -5,13 +5,18 @@ JSON lines, but the prompt token ids, an Arrow IPC stream (records.tokens). A pr
 captures for a session it does not own (a profiled program, probe/child.py) writes its own part
 files, `<stream>.<pid>`, which the owner merges into the streams on close.
 
-A call whose prompt ids need the tokenizer has them made off the app's thread: a background
-thread (probe/tokenizing.py) hands it to a tokenizer process (probe/tokenizer_process.py, part
-files of its own); its row is written at once, its prompt columns follow in
-prompt_columns.jsonl (records/prompt_columns.py); `close` first runs what that thread has queued
-and waits for the process.
+A call's end is handed off the app's thread (`defer`, the context's): the background thread
+(probe/background.py) builds its row (with the prompt columns where the engine returned the ids)
+and writes it, its payload and its token ids; a row is in its file ~20 ms after its call ended.
+Where the app has an MLflow span of its own active, the call ends on the app's thread instead
+(probe/app_spans.py puts kvscope's measurements on that span, which only that thread sees).
+A call whose prompt ids need the tokenizer has them made by a tokenizer process
+(probe/tokenizer_process.py, part files of its own), the background thread handing them over;
+its prompt columns follow its row in prompt_columns.jsonl (records/prompt_columns.py). `close`
+first runs what the background thread has queued and waits for the process.
 """
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +26,10 @@ import pyarrow as pa
 from kvscope.config import HintPolicy
 from kvscope.errors import WriteError
 from kvscope.probe import app_spans
+from kvscope.probe.background import Background
 from kvscope.probe.hints import make_hints
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.tokenizer_process import TokenizerProcess
-from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import CallContext, RunInfo
 from kvscope.records.base import ArrowWriter, JsonlWriter, compact
@@ -48,7 +53,8 @@ class CallStreams:
         self.run_dir, self.has_tokens, self.has_payloads = run_dir, tokens, payloads
         self.on_row: Callable[[RequestRecord], None] = lambda _: None
         self.write_error: WriteError | None = None  # the first file the disk refused
-        self.tokenizing = Tokenizing()
+        self.background = Background()
+        self._pid = os.getpid()  # a forked process ends its calls on its own thread (`defer`)
         self.tokenizer_process: TokenizerProcess | None = None  # set by context()
         self._open(part)
 
@@ -91,13 +97,21 @@ class CallStreams:
                 chat,
                 self.token if self.has_tokens else None,
                 store_prompts,
-                worker=self.tokenizing,
+                worker=self.background,
                 columns_sink=self.columns,
                 process=self.tokenizer_process,
             ),
             payload_sink=self.payload if self.has_payloads else None,
             hints=make_hints(hints),
+            defer=self.defer,
         )
+
+    def defer(self, job: Callable[[], None]) -> bool:
+        """Take a call's end (CallContext.defer) to the background thread; False (the caller
+        runs it): the app's own MLflow span is active on the caller's thread, the queue is full
+        or closed, or this is a forked process (a multiprocessing worker ends with os._exit:
+        what its thread still held would be lost)."""
+        return os.getpid() == self._pid and not app_spans.active() and self.background.submit(job)
 
     def row(self, record: RequestRecord) -> None:
         record = app_spans.annotate(record)
@@ -139,7 +153,7 @@ class CallStreams:
     def close(self) -> None:
         """Run the tokenizer's queue, close the writers; the session's own streams also take in
         other processes' parts."""
-        self.tokenizing.close()
+        self.background.close()
         if self.tokenizer_process is not None:
             self.tokenizer_process.close()  # its part files written: merged below
         for writer in self.writers():

@@ -6,7 +6,7 @@
 
 Rendering a chat template is pure Python (jinja2): on a thread of the app's process it holds the
 GIL ~0.1-0.3 ms a call, time the app's event loop waits. Here the tokenizer thread
-(probe/tokenizing.py) only packs the call (msgpack) and writes it to this process's stdin; the
+(probe/background.py) only packs the call (msgpack) and writes it to this process's stdin; the
 process (`python -m kvscope.probe.tokenizer_serve MODEL_DIR RUN_DIR STORE_PROMPTS`, started at
 the first call) renders, encodes and writes the call's PromptColumns (tokenized_on "process")
 and token ids to part files of its own pid, `prompt_columns.jsonl.<pid>` and

@@ -110,7 +110,8 @@ class ChatTokenizer:
         completions prompt gets them. A rendered chat template already wrote its own (as HF's
         apply_chat_template assumes), so it is encoded without. Encoded as a batch of one:
         `encode_batch` lets go of the GIL while it works (`encode` holds it), so the app's
-        threads run meanwhile (probe/tokenizing.py encodes on a thread of its own)."""
+        threads run meanwhile (probe/background.py's thread encodes where no tokenizer process
+        does)."""
         return self.tokenizer.encode_batch([text], add_special_tokens=special)[0].ids
 
     def prompt(

@@ -38,11 +38,11 @@ The reply is read as the app reads it (TTFT and TPOT are on the app's clock); a 
 
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from kvscope.collect.context import SERVER_TIMINGS
@@ -51,10 +51,10 @@ from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
 from kvscope.probe.json_body import loads
 from kvscope.probe.measure import Seen, dumps, failure, measured, short
+from kvscope.probe.reply_edit import ReplyEdit, data_of, events
 from kvscope.records.payloads import CallPayload
 from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 log = logging.getLogger(__name__)
 
 
@@ -99,6 +99,10 @@ class CallContext(RunInfo):
     payload_sink: Callable[[CallPayload], None] | None = None
     # the call's engine priority from the workflow (probe/hints.py); None: none is sent
     hints: Callable[[CallIdentity], int] | None = None
+    # runs the end of a call (its row built, the prompt columns, the sinks) off the app's thread
+    # (probe/background.py via CallStreams.defer); False: not taken, it runs on the app's thread.
+    # None: every call ends on the app's thread.
+    defer: Callable[[Callable[[], None]], bool] | None = None
 
 
 class InFlight(CallEnd):
@@ -140,7 +144,9 @@ class InFlight(CallEnd):
         self.status_code: int | None = None
         self.sse = False
         self.parse = True
-        self.buffer = b""
+        self.edit: ReplyEdit | None = None  # set when the reply's headers say what it is
+        self.pieces: list[tuple[float, bytes]] = []  # the reply as read (or its events), timed
+        self.buffer = b""  # an event not ended yet, while the stream is edited
         self.problem: tuple[str, str, str] | None = None  # (status, error_type, message)
         self.done = False
         self.ended = False  # the stream's own end arrived ([DONE])
@@ -156,67 +162,76 @@ class InFlight(CallEnd):
         self.parse = headers.get("content-encoding", "identity") in ("", "identity")
         self.strip = self.strip and self.sse and self.parse
         self.rewrite = self.rewrite and status_code < 400 and self.parse
+        if self.sse and (self.strip or self.rewrite):
+            engine = self.engine
+            without = engine.without_prompt_ids if self.rewrite else None
+            self.edit = ReplyEdit(self.strip, without, engine.may_be_prompt_ids_only)
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        """Bytes of the reply as the app reads them -> the bytes the app gets."""
+        """Bytes of the reply as the app reads them -> the bytes the app gets. Only what the app
+        must get edited is looked at here (probe/reply_edit.py); the rest is kept, timed, for the
+        row (`_read`, where the call's end is made)."""
         if not self.parse:
             return chunk
-        self.buffer += chunk
-        if not self.sse:
+        if self.edit is None:
+            self.pieces.append((now, chunk))
             return b"" if self.rewrite else chunk  # an edited body goes to the app at its end
-        out, start = [], 0
-        for end in _EVENT_END.finditer(self.buffer):
-            event = self.buffer[start : end.end()]
-            start = end.end()
-            out.append(self._event(event, now))
-        self.buffer = self.buffer[start:]
-        return b"".join(out) if self._edits() else chunk
+        done, self.buffer = events(self.buffer + chunk)
+        if not done:
+            return b""
+        self.pieces += [(now, event) for event in done]
+        kept = self.edit.kept
+        return b"".join([kept(event) for event in done])
 
     def flush(self, now: float) -> bytes:
         """The end of the reply: what was held back (an unterminated last event, or the whole
         body of a non-streamed reply that kvscope edits)."""
         if not self.parse:
             return b""
-        if not self.sse:  # the body stays in the buffer: finish parses it
-            if not self.rewrite:
+        if self.edit is None:
+            if self.sse or not self.rewrite:
                 return b""
-            return self.engine.without_prompt_ids(self.buffer, None) or b""
-        if not self.buffer.strip():
-            return b""
+            body = b"".join(piece for _, piece in self.pieces)
+            return self.engine.without_prompt_ids(body, None) or b""
         tail, self.buffer = self.buffer, b""
-        kept = self._event(tail, now)
-        return kept if self._edits() else b""
+        if not tail.strip():
+            return b""
+        self.pieces.append((now, tail))
+        return self.edit.kept(tail)
 
-    def _edits(self) -> bool:
-        """Whether the app's stream is re-chunked (some events are edited or dropped)."""
-        return self.strip or self.rewrite
+    def _read(self) -> bytes:
+        """The reply read into `seen` (its events in order, each at the time it was read; where
+        the engine gave them, the prompt's ids): done once, where the call's row is made. Returns
+        the body of a reply that is not a stream (parsed by `_reply_problem`)."""
+        if not self.sse:
+            return b"".join(piece for _, piece in self.pieces)
+        rest, now = b"", 0.0
+        for now, piece in self.pieces:
+            done, rest = events(rest + piece)
+            for event in done:
+                self._event(event, now)
+        if rest.strip():  # an unterminated last event
+            self._event(rest, now)
+        return b""
 
-    def _event(self, event: bytes, now: float) -> bytes:
-        """Read one SSE event -> what the app gets of it: b"" for the usage chunk kvscope asked
-        for and for an event only the prompt-ids fields brought, their ids taken out."""
-        data = b"\n".join(
-            line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
-        )
+    def _event(self, event: bytes, now: float) -> None:
+        """Read one SSE event of the reply, read by the app at `now`."""
+        data = data_of(event)
         if data.strip() == b"[DONE]":
             self.ended = True
         if not data or data.strip() == b"[DONE]":
-            return event
+            return
         try:
             chunk = loads(data)
             if self.responses:
                 self.seen.take_event(chunk, now)
-                return event
+                return
             self.seen.take_chunk(chunk, now)
         except (ValueError, TypeError, AttributeError, KeyError) as err:
             self.problem = self.problem or failure(ValueError(f"{type(err).__name__}: {err}"))
-            return event
+            return
         if self.engine_ids is None:
             self.engine_ids = self.engine.reply_prompt_ids(chunk)
-        if self.strip and not chunk.get("choices"):
-            return b""
-        if self.rewrite:
-            return self.engine.without_prompt_ids(event, chunk) or b""
-        return event
 
     def fail(self, err: BaseException) -> None:
         """The call raised (connection, timeout, a stream cut off): a row with its failure."""
@@ -233,7 +248,17 @@ class InFlight(CallEnd):
             return
         self.done = True
         t_end = time.perf_counter() if t_end is None else t_end
-        problem = problem or self.problem or self._reply_problem(early)
+        job = partial(self._emit, t_end, problem, early)
+        defer = self.ctx.defer
+        if defer is None or not defer(job):
+            job()
+
+    def _emit(self, t_end: float, problem: tuple[str, str, str] | None, early: bool) -> None:
+        """The reply read, the call's row and payload built and handed to the sinks (on the
+        background thread where the context defers it: nothing of the call changes after
+        `finish`)."""
+        body = self._read()
+        problem = problem or self.problem or self._reply_problem(early, body)
         record = self._record(t_end, problem)
         try:
             self.ctx.sink(record)
@@ -243,15 +268,15 @@ class InFlight(CallEnd):
         except Exception:  # the app's call is not kvscope's to break
             log.exception("kvscope: the request row could not be written")
 
-    def _reply_problem(self, early: bool) -> tuple[str, str, str] | None:
+    def _reply_problem(self, early: bool, body: bytes) -> tuple[str, str, str] | None:
         code = self.status_code
         if code is not None and code >= 400:
-            return STATUS_ERROR, f"http_{code}", short(_error_message(self.buffer))
+            return STATUS_ERROR, f"http_{code}", short(_error_message(body))
         if not self.parse:
             return None
         if not self.sse:
             try:
-                reply = loads(self.buffer)
+                reply = loads(body)
                 if self.responses:
                     self.seen.take_response(reply)
                 else:

@@ -1,8 +1,8 @@
 """The prompt-columns stream: a call's tokenizer-made prompt columns, written after its row.
 
 A call whose prompt ids kvscope makes with the model's tokenizer (no ids from the engine) has
-them made off the app's thread (probe/tokenizing.py, probe/tokenizer_process.py): its row is
-written at once without them, and one PromptColumns record per call follows in
+them made off the app's thread (probe/background.py, probe/tokenizer_process.py): its row is
+written without them, and one PromptColumns record per call follows in
 prompt_columns.jsonl (parts `.<pid>` merged on close like the other call streams).
 `with_prompt_columns` puts them into the request table by request_uuid; finalize and
 `load_table` read the table that way. A call whose record never came (the program was killed

@@ -127,3 +127,44 @@ def test_without_ids_edits_only_the_id_lists() -> None:
     )
     assert vllm_ids.prompt_ids({"prompt_token_ids": [1, "x"]}) is None
     assert vllm_ids.prompt_ids({"choices": [{"prompt_token_ids": [3, 4]}]}) == [3, 4]
+
+
+def _nulled(value: Any) -> Any:
+    """The reference edit: every id list (prompt_token_ids / token_ids) set to null."""
+    if isinstance(value, dict):
+        return {k: None if k in ("prompt_token_ids", "token_ids") and isinstance(v, list)
+                else _nulled(v) for k, v in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_nulled(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])  # vLLM's compact, spaced
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"choices": [{"delta": {"role": "assistant"}, "token_ids": None}],
+         "prompt_token_ids": list(range(600))},
+        {"prompt_token_ids": [1, 2], "choices": [{"message": {"content": "x"},
+                                                 "token_ids": [7, 8]}]},
+        {"choices": [{"text": "a", "prompt_token_ids": [1], "token_ids": [2]},
+                     {"text": "b", "prompt_token_ids": [3, 4], "token_ids": []}]},
+        {"choices": [{"delta": {"content": 'a \\"token_ids\\":[1] "prompt_token_ids":[2]'},
+                      "token_ids": [5]}]},
+        {"choices": [], "usage": {"prompt_tokens": 3}},
+    ],
+)  # fmt: skip
+def test_without_ids_nulls_every_id_list_and_nothing_else(
+    reply: dict[str, Any], separators: tuple[str, str]
+) -> None:
+    raw = json.dumps(reply, separators=separators).encode()
+    want = json.dumps(_nulled(reply), separators=separators).encode()
+    assert vllm_ids.without_ids(raw, None) == want
+    assert vllm_ids.without_ids(b"data: " + raw + b"\n\n", reply) == b"data: " + want + b"\n\n"
+    assert vllm_ids.may_be_added(b"data: " + raw + b"\n\n") is False  # no empty delta
+
+
+def test_only_an_empty_delta_may_be_a_chunk_the_flag_brings() -> None:
+    for delta in ('"delta":{}', '"delta": {}', '"delta" : { }'):
+        assert vllm_ids.may_be_added(b'data: {"choices":[{' + delta.encode() + b"}]}\n\n")
+    assert not vllm_ids.may_be_added(b'data: {"choices":[{"delta":{"content":"{}"}}]}\n\n')

@@ -1,4 +1,4 @@
-"""Prompt tokenization off the app's thread: the worker's contract, and a capture's rows and
+"""A call's end off the app's thread: the background worker's contract, and a capture's rows and
 prompt columns with it."""
 
 import json
@@ -6,13 +6,14 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from kvscope.probe.background import THREAD_NAME, Background
 from kvscope.probe.instrument import PromptInstrument
 from kvscope.probe.streams import CallStreams
-from kvscope.probe.tokenizing import Tokenizing
 from kvscope.probe.tokens import ChatTokenizer
 from kvscope.probe.wire import RunInfo
 from kvscope.records import prompt_columns
@@ -23,12 +24,12 @@ INFO = RunInfo("run", "exp", "h", "app", None, "m", None)
 
 
 def test_jobs_run_once_each_on_the_workers_thread_in_order() -> None:
-    worker, ran = Tokenizing(), []
+    worker, ran = Background(), []
     for i in range(50):
         assert worker.submit(lambda i=i: ran.append((i, threading.current_thread().name)))
     worker.close()
     assert [i for i, _ in ran] == list(range(50))
-    assert {name for _, name in ran} == {"kvscope-tokenizing"}
+    assert {name for _, name in ran} == {THREAD_NAME}
     assert (worker.counts.queued, worker.counts.inline, worker.counts.failed) == (50, 0, 0)
     assert not worker.submit(lambda: None)  # closed: the caller runs it
 
@@ -36,7 +37,7 @@ def test_jobs_run_once_each_on_the_workers_thread_in_order() -> None:
 def test_a_full_queue_hands_the_job_back_counted_and_warned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    worker, release, started = Tokenizing(capacity=1), threading.Event(), threading.Event()
+    worker, release, started = Background(capacity=1), threading.Event(), threading.Event()
     ran: list[str] = []
 
     def blocking() -> None:
@@ -59,7 +60,7 @@ def test_a_full_queue_hands_the_job_back_counted_and_warned(
 
 
 def test_a_failing_job_is_logged_and_the_others_run(caplog: pytest.LogCaptureFixture) -> None:
-    worker, ran = Tokenizing(), []
+    worker, ran = Background(), []
 
     def boom() -> None:
         raise RuntimeError("template exploded")
@@ -71,11 +72,11 @@ def test_a_failing_job_is_logged_and_the_others_run(caplog: pytest.LogCaptureFix
         worker.close()
     assert ran == [1, 3]
     assert worker.counts.failed == 1
-    assert any("could not be tokenized" in r.message for r in caplog.records)
+    assert any("could not be written" in r.message for r in caplog.records)
 
 
 def test_a_forked_child_runs_its_own_jobs(tmp_path: Path) -> None:
-    worker, out = Tokenizing(), tmp_path / "child.txt"
+    worker, out = Background(), tmp_path / "child.txt"
     worker.submit(lambda: None)
     pid = os.fork()
     if pid == 0:  # the child: an empty queue, a thread of its own on its first job
@@ -86,7 +87,7 @@ def test_a_forked_child_runs_its_own_jobs(tmp_path: Path) -> None:
             os._exit(0)
     os.waitpid(pid, 0)
     worker.close()
-    assert out.read_text() == "kvscope-tokenizing"
+    assert out.read_text() == THREAD_NAME
 
 
 BODY = {
@@ -154,3 +155,69 @@ def test_the_request_table_takes_the_columns_by_uuid_in_row_order(tmp_path: Path
     assert table.column("token_id_hash").to_pylist() == [None, None, "h7"]
     assert table.column("prompt_token_count").type == pa.int64()
     assert prompt_columns.tokenized_on(tmp_path) == {"worker": 1, "app": 1}
+
+
+def _streamed_calls(streams: CallStreams, n: int, run: Any = None) -> list[str]:
+    """`n` streamed calls through a capture's context (vLLM's stub, its prompt ids asked for):
+    the names of the threads each call's row was written on."""
+    from test_intercept import sdk
+    from vllm_stub import Stub
+
+    from kvscope.config import EngineConfig
+    from kvscope.engines.vllm import VllmEngine
+    from kvscope.probe.intercept import Interceptor
+
+    threads: list[str] = []
+    streams.on_row = lambda _: threads.append(threading.current_thread().name)
+    ctx = streams.context(INFO, None, store_prompts=False)
+    client = sdk(Stub())
+    with Interceptor(VllmEngine(EngineConfig()), "http://engine:8000", ctx):
+        for _ in range(n):
+            stream = client.chat.completions.create(model="m", messages=BODY["messages"],
+                                                    stream=True)  # fmt: skip
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    return threads
+
+
+def test_a_calls_row_is_made_and_written_off_the_apps_thread(tmp_path: Path) -> None:
+    """The row (its prompt columns from the engine's ids included) is built on the background
+    thread; after close every call is a complete row."""
+    streams = CallStreams(tmp_path, tokens=True, payloads=True)
+    threads = _streamed_calls(streams, 5)
+    streams.close()
+    assert threads == [THREAD_NAME] * 5
+    table = load_table(tmp_path)
+    assert table.num_rows == 5
+    assert set(table.column("prompt_token_source").to_pylist()) == {"engine"}
+    assert set(table.column("ttft_ms").to_pylist()) != {None}
+    assert set(table.column("prompt_tokens").to_pylist()) == {592}
+    assert len(load_tokens(tmp_path)) == 5
+    assert len((tmp_path / "payloads.jsonl").read_text().splitlines()) == 5
+
+
+def test_with_the_apps_mlflow_span_active_the_row_is_made_on_the_apps_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe/app_spans.py reads the app's active span, which only the app's thread sees."""
+    monkeypatch.setattr("kvscope.probe.streams.app_spans.active", lambda: True)
+    streams = CallStreams(tmp_path, tokens=True, payloads=False)
+    threads = _streamed_calls(streams, 2)
+    streams.close()
+    assert threads == [threading.current_thread().name] * 2
+
+
+def test_a_forked_process_writes_its_rows_on_its_own_thread(tmp_path: Path) -> None:
+    """A multiprocessing worker ends with os._exit: nothing may wait on a thread there."""
+    streams = CallStreams(tmp_path, tokens=True, payloads=False)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            streams.reopen(f".{os.getpid()}")
+            threads = _streamed_calls(streams, 1)
+            (tmp_path / "child.txt").write_text(threads[0])
+        finally:
+            os._exit(0)  # no close: what was written is what is kept
+    os.waitpid(pid, 0)
+    assert (tmp_path / "child.txt").read_text() == threading.current_thread().name
+    streams.close()
+    assert load_table(tmp_path).num_rows == 1
