@@ -6,12 +6,14 @@ the total), finalize (the tables), analysis (analyze_run), summary + figures (su
 timeline.png, evictions.png), report (report.html), then the MLflow run in a fresh local SQLite
 store beside the run directory (kvscope's default, `sqlite:///<runs>/mlflow.db`): metrics,
 artifacts, traces (planned from the rows and streams, built and inserted by
-kvscope.traces.write_traces in child processes, kvscope/trace_job.py, started by publish before
+kvscope.traces.write_traces in a child process, kvscope/trace_job.py, started by publish before
 the summary, beside the figures and the report; with --traces-before-analysis once the tables
-are written, beside the analysis too; printed: each child's seconds from start to exit, its peak RSS
-and how long publish waited for it after the report), the audit (TrackingRun.finish: every trace of
-the run counted with its spans, the audit's metrics logged, the run ended). Then the audit
-against the rows (a trace per invocation expected) and this process's peak RSS (VmHWM).
+are written, beside the analysis too; the last slices written by publish after its report;
+printed: the child's seconds from start to exit, its peak RSS, and how long publish wrote
+slices and waited for it after the report), the audit (TrackingRun.finish: every trace of the
+run counted with its spans, the audit's metrics logged, the run ended). Then the audit against
+the rows (a trace per invocation expected), this process's peak RSS (VmHWM), the CPU seconds of
+this process and of the trace writer, and the load average.
 """
 
 import os
@@ -47,8 +49,8 @@ def _timed(module: Any, name: str, spent: dict[str, float], key: str) -> None:
     setattr(module, name, wrapper)
 
 
-def watch(process: subprocess.Popen[bytes], inside: dict[str, float], index: int) -> None:
-    """A trace writer's seconds from its start to its exit and its peak RSS (VmHWM, read
+def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
+    """The trace writer's seconds from its start to its exit and its peak RSS (VmHWM, read
     every 0.2 s: its rusage would count the parent's pages it was forked with)."""
     t0, peak = time.perf_counter(), 0
     while process.poll() is None:
@@ -58,8 +60,8 @@ def watch(process: subprocess.Popen[bytes], inside: dict[str, float], index: int
         except (OSError, StopIteration):
             pass
         time.sleep(0.2)
-    inside[f"trace writer {index} start to exit"] = time.perf_counter() - t0
-    inside[f"trace writer {index} peak RSS MiB"] = peak / 1024
+    inside["trace writer start to exit"] = time.perf_counter() - t0
+    inside["trace writer peak RSS MiB"] = peak / 1024
 
 
 def publish_run(folder: str, early: bool = False) -> None:
@@ -83,23 +85,24 @@ def publish_run(folder: str, early: bool = False) -> None:
 
     def started(*args: Any, **kwargs: Any) -> TraceJob | None:
         job = start(*args, **kwargs)
-        for index, process in enumerate(job.processes if job is not None else ()):
-            watching.append(threading.Thread(target=watch, args=(process, inside, index)))
+        if job is not None:
+            watching.append(threading.Thread(target=watch, args=(job.process, inside)))
             watching[-1].start()
         return job
 
     TraceJob.start = started  # type: ignore[method-assign, assignment]
-    wait = TraceJob.wait
+    share = TraceJob.share
 
-    def waited(self: TraceJob) -> Any:
+    def shared(self: TraceJob, *args: Any) -> Any:
         t0 = time.perf_counter()
-        done = wait(self)
-        inside["publish waiting for it after the report"] = time.perf_counter() - t0
+        done = share(self, *args)
+        inside["publish writing the last slices and waiting, after the report"] = (
+            time.perf_counter() - t0)  # fmt: skip
         for thread in watching:
             thread.join()
         return done
 
-    TraceJob.wait = waited  # type: ignore[method-assign]
+    TraceJob.share = shared  # type: ignore[method-assign]
     job = None
     if early:  # as the pipeline does: the trace writer started (its imports) beside finalize,
         # told to go on the finalized tables, beside the analysis

@@ -16,6 +16,8 @@ from kvscope.records import run_dir as files
 from kvscope.trace_job import TraceJob
 
 if TYPE_CHECKING:  # MLflow and matplotlib load where they are used: a profiled app's process
+    import pyarrow as pa
+
     from kvscope.probe.tracing import TrackingRun  # imports this module before its calls
     from kvscope.traces import TraceWrite
 
@@ -199,21 +201,21 @@ def mlflow_record(run_dir: Path, tracking: "TrackingRun | None", problem: str | 
 def write_run_traces(
     analysis: RunAnalysis, tracking: "TrackingRun", job: TraceJob | None = None
 ) -> "TraceWrite":
-    """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): what
-    `job` wrote, and here the parts it did not write (all of them: no job)."""
-    from kvscope.trace_job import WHOLE, in_part
-    from kvscope.traces import TraceWrite, write_traces
+    """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): `job`
+    shares them with this process (trace_job.py), else all are written here."""
+    from kvscope.traces import Streams, write_traces
 
-    done, left = job.wait() if job is not None else (TraceWrite(0, 0), [WHOLE])
-    for part in left:
-        done += write_traces(
-            analysis.run_dir,
-            in_part(analysis.requests, part),
-            client=tracking.client,
-            experiment_id=tracking.experiment_id,
-            run_id=tracking.run_id or "",
-        )
-    return done
+    streams: list[Streams] = []  # read once, where this process writes any
+
+    def write(rows: "pa.Table", planned: Callable[[int], None]) -> "TraceWrite":
+        streams[:] = streams or [Streams.load(analysis.run_dir)]
+        return write_traces(analysis.run_dir, rows, client=tracking.client,
+                            experiment_id=tracking.experiment_id, run_id=tracking.run_id or "",
+                            on_planned=planned, streams=streams[0])  # fmt: skip
+
+    if job is None:
+        return write(analysis.requests, lambda _: None)
+    return job.share(analysis.requests, write)
 
 
 def run_metrics(analysis: RunAnalysis, workload: WorkloadOutcome) -> dict[str, float | None]:

@@ -25,10 +25,11 @@ links the app's traces to the kvscope run (an app in another process does not kn
 
 Writing: in bulk (trace_writer.py: the traces built as MLflow would store them, many per store
 operation: one transaction per 500 traces into the local SQLite store, one OTLP request per 100
-to a tracking server); at publish, by child processes beside the report (trace_job.py). The
-fluent way (`write_trace`: `mlflow.start_span_no_context` for each span, exported through
-MLflow's queues, paced by `Pace`) is kept for the stores that take no bulk writes and for traces
-whose values MLflow's tracer would move into attachments.
+to a tracking server); at publish, by a child process beside the report and by publish once its
+report is written, time slices claimed from both ends (trace_job.py). The fluent way
+(`write_trace`: `mlflow.start_span_no_context` for each span, exported through MLflow's
+queues, paced by `Pace`) is kept for the stores that take no bulk writes and for traces whose
+values MLflow's tracer would move into attachments.
 """
 
 import gc
