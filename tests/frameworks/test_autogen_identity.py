@@ -34,7 +34,6 @@ SHARED = {  # the patterns one driver runs (each forked from it), in order -> th
     "gather": "test_teams_at_once", "threads": "test_teams_at_once", "tools": "test_tool_time",
     "nested": "test_team_in_a_team", "example": "test_example_app",
 }  # fmt: skip
-REQUIREMENTS = ["autogen-agentchat==0.7.5", "autogen-ext[openai]==0.7.5"]
 TOOL_S = 0.05
 MANAGER = "SelectorGroupChatManager"  # AutoGen's name for a SelectorGroupChat's manager
 
@@ -220,7 +219,7 @@ fork_patterns.run_each(PATTERNS, run, OUT, float(os.environ["PATTERN_TIMEOUT_S"]
 
 @pytest.fixture(scope="module")
 def python() -> Path:
-    return framework_python("autogen", REQUIREMENTS)
+    return framework_python("autogen")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from framework_venv import framework_python
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-REQUIREMENTS = ["crewai==1.15.30"]
 TOOL_S = 0.05
 PATTERN_TIMEOUT_S = 300
 AT_ONCE = "test_two_kickoffs_at_once_keep_their_own_ids"
@@ -201,7 +200,7 @@ fork_patterns.run_each(PATTERNS, run, OUT, float(os.environ["PATTERN_TIMEOUT_S"]
 
 @pytest.fixture(scope="module")
 def python() -> Path:
-    return framework_python("crewai", REQUIREMENTS)
+    return framework_python("crewai")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from framework_venv import framework_python
 from helpers import ROOT, Up
-from test_autogen_identity import REQUIREMENTS as AUTOGEN
-from test_crewai_identity import REQUIREMENTS as CREWAI
 from test_profile import profile_cli, rows_of
 
 pytestmark = pytest.mark.engine
@@ -37,7 +35,7 @@ def _workflows(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def test_an_autogen_team_in_its_own_venv(up: Up, tmp_path: Path) -> None:
-    python = framework_python("autogen", AUTOGEN)
+    python = framework_python("autogen")
     app = str(ROOT / "examples" / "autogen_app.py")
     got = _profiled(up, tmp_path, python, app, "--tasks", "2", "--messages", "4")
     rows = got["rows"]
@@ -55,7 +53,7 @@ def test_an_autogen_team_in_its_own_venv(up: Up, tmp_path: Path) -> None:
 
 
 def test_a_crewai_crew_in_its_own_venv(up: Up, tmp_path: Path) -> None:
-    python = framework_python("crewai", CREWAI)
+    python = framework_python("crewai")
     app = str(ROOT / "examples" / "crewai_app.py")
     got = _profiled(up, tmp_path, python, app, "--topics", "2")
     rows = got["rows"]

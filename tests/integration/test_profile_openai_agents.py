@@ -4,7 +4,6 @@ SDK's agent, the hand-off a transition, one workflow and one trace per `Runner.r
 
 import json
 import sys
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def test_profile_the_sdks_default_responses_model(up: Up, tmp_path: Path) -> Non
     model's choice: billing, where it appears, follows triage. The app runs from a virtualenv of
     its own with the SDK and not kvscope (the lite probe: its Responses streams recorded there,
     read by kvscope's own code here)."""
-    python = framework_python("openai-agents", [f"openai-agents=={version('openai-agents')}"])
+    python = framework_python("openai-agents")
     program = (str(python), str(ROOT / "examples" / "openai_agents.py"), "--questions", "2")
     done, run_dir = profile_cli(up, tmp_path, *program, "--responses")
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,6 @@ the reconciliation baseline is read before the first call there too)."""
 import json
 import subprocess
 import sys
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +59,7 @@ def test_the_supervisor_example_on_sglang_with_eviction_hints(sglang: Up, tmp_pa
     the wire template, the rows made by kvscope's process)."""
     engine = tmp_path / "engine.yaml"
     engine.write_text(yaml.safe_dump(sglang.engine_config))
-    needs = [f"{d}=={version(d)}" for d in ("langgraph", "langchain-openai")]
-    python = str(framework_python("langgraph", needs))
+    python = str(framework_python("langgraph"))
     program = (python, str(ROOT / "examples" / "supervisor.py"), "--topics", "1")
     how = ["--engine", str(engine), "--eviction-hints", "predicted-next"]
     stderr, run_dir = profile(sglang, tmp_path, how, *program)
