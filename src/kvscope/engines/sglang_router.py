@@ -71,8 +71,9 @@ calls of 266 prompt tokens, header x-request-id and body request_id = a uuid):
   `smg_http_requests_total{method,path}`, `smg_manual_policy_branch_total{branch}`,
   `smg_router_request_duration_seconds`, `smg_worker_pool_size`.
 - SIGTERM: the router exits within about 2 s when no call is in flight.
-- tests/integration/test_sglang_router.py does the above through engines.deployment (round
-  robin, then a second router with manual and one routing key per agent) in about 55 s.
+- tests/integration/test_sglang_router.py does the above with the router command of
+  engines.deployment in front of the vLLM replica pair the router tests share (round robin, then
+  a second router with manual and one routing key per agent).
 
 Seen in front of SGLang 0.5.23 replicas (2026-11-27: two CPU-engine replicas, SmolLM2-135M,
 the flags above with --policy round_robin, then cache_aware; recorded in
