@@ -372,6 +372,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         outcome = run.outcome
         captured = read_run_json(run.run_dir).get("capture") or {}
         tokenized = captured.get("prompt_tokenization") or {}
+        background = captured.get("background") or {}
     assert outcome is not None
     fin = stages.get("writing the request table", t2)
     pub = stages.get("writing report.html", t2)
@@ -419,6 +420,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         ours("rows named by agent", f"{sum(r['agent_id'] in AGENTS for r in rows)}"),
         ours("prompts tokenized: process / thread / app's",
              " / ".join(str(tokenized.get(k, 0)) for k in ("process", "worker", "app"))),
+        ours("call ends: background thread / app's (queue full)",
+             f"{background.get('queued', '?')} / {background.get('inline', '?')}"),
         ours("invocations with their 4 rows", f"{sum(n == 4 for n in per_invocation.values())}"),
         ours("traces written / expected (audit)", traces),
         ours("close: streams, collectors (s)", f"{fin - t1:.1f}"),

@@ -291,6 +291,10 @@ class CaptureSession:
             self._stack.close()  # the prompt-token stream, then the engine
         if self._measuring:
             self.mlflow.ensure()
+        if self._streams is not None:  # calls ended on the app's thread: the queue was full
+            counts = self._streams.background.counts
+            self._record({"background": {"queued": counts.queued, "inline": counts.inline,
+                                         "failed": counts.failed}})  # fmt: skip
         tokenized = prompt_columns.tokenized_on(self.run_dir)
         if tokenized:  # where calls were tokenized: "app" = the worker's queue was full
             self._record({"prompt_tokenization": tokenized})

@@ -48,6 +48,9 @@ def test_one_row_per_call_with_every_column(demo: dict[str, Any]) -> None:
     assert len(rows) == cfg["workflows"] * cfg["cycles"] * 4
     assert all(r["status"] == "ok" for r in rows)
     assert len({r["request_uuid"] for r in rows}) == len(rows)
+    # each call's end ran on the background thread (probe/background.py), none on the app's
+    capture = json.loads((demo["run_dir"] / "run.json").read_text())["capture"]
+    assert capture["background"] == {"queued": len(rows), "inline": 0, "failed": 0}
     for r in rows:
         assert r["sglang_response_id"] == f"chatcmpl-{r['request_uuid']}"  # vLLM echoes it
         assert r["prompt_tokens"] > 0 and r["cached_tokens"] is not None
