@@ -20,13 +20,16 @@ needed there.
 """
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import signal
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.config import EngineConfig, ExperimentConfig, HintPolicy
 from kvscope.engines import make_engine
@@ -34,6 +37,9 @@ from kvscope.paths import cache_dir
 from kvscope.probe.lite import PATH_ENV, mark
 from kvscope.probe.raw_call import AGENT_MARK, REQUEST_MARK, WireTemplate
 from kvscope.probe.wire import CallContext, RunInfo
+
+if TYPE_CHECKING:
+    from kvscope.probe.streams import CallStreams
 
 log = logging.getLogger(__name__)
 CAPTURE_ENV = "KVSCOPE_CAPTURE"
@@ -169,8 +175,27 @@ def attach(spec_path: str) -> None:
                 on_error=streams.invocation_error).__enter__()  # process-long  # fmt: skip
     # a forked worker (multiprocessing) writes part files of its own pid
     os.register_at_fork(after_in_child=lambda: streams.reopen(mark(run_dir)))
-    atexit.register(streams.close)
+    atexit.register(_close, streams)
     _ATTACHED = True
+
+
+def _close(streams: "CallStreams") -> None:
+    """The program's end: its last calls' rows written (the background thread's queue run).
+
+    A program that dies of Ctrl-C (an uncaught KeyboardInterrupt) is ended by CPython with
+    SIGINT after its exit handlers, so that its parent sees "killed by SIGINT" (130), but only if
+    no module that runs code at its import (numpy, pandas...) was first imported in an exit
+    handler: that clears CPython's flag and the program exits 1. Rows written at exit can import
+    such modules (pyarrow's pandas shim), so here the probe ends such a program as CPython would
+    have: streams flushed, SIGINT with its default action."""
+    streams.close()
+    dying = getattr(sys, "last_type", None)
+    if isinstance(dying, type) and issubclass(dying, KeyboardInterrupt):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 _ATTACHED = False
