@@ -31,7 +31,7 @@ import json
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -291,10 +291,8 @@ class CaptureSession:
             self._stack.close()  # the prompt-token stream, then the engine
         if self._measuring:
             self.mlflow.ensure()
-        if self._streams is not None:  # calls ended on the app's thread: the queue was full
-            counts = self._streams.background.counts
-            self._record({"background": {"queued": counts.queued, "inline": counts.inline,
-                                         "failed": counts.failed}})  # fmt: skip
+        if self._streams is not None:  # where calls ended: "inline" = on the app's thread
+            self._record({"background": asdict(self._streams.background.counts)})
         tokenized = prompt_columns.tokenized_on(self.run_dir)
         if tokenized:  # where calls were tokenized: "app" = the worker's queue was full
             self._record({"prompt_tokenization": tokenized})
