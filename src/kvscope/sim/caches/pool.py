@@ -52,7 +52,7 @@ import numpy as np
 
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.result import SimResult
-from kvscope.sim.orders.base import EvictionOrder
+from kvscope.sim.orders.base import EvictionOrder, LRUOrder
 from kvscope.sim.trace import Trace
 
 BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
@@ -97,14 +97,23 @@ def simulate_pool(
     caching: bool = True,
     host: HostTier | None = None,
     head_first: bool = False,
+    compiled: bool = True,
 ) -> SimResult:
     """Replay `trace` through a vLLM block pool of `capacity_blocks` usable blocks.
 
     `caching=False` is the no-cache counterfactual: nothing is looked up or kept. `host`: a host
     tier below the device (tiers.py), None for none. `head_first`: a request's blocks go back to
     the free queue first block first (its first block is evicted first, as kvlint's and
-    prefixlens' LRU do), not vLLM's tail first.
+    prefixlens' LRU do), not vLLM's tail first. `compiled`: LRU (or no cache) without a host
+    tier runs in pool_lru.py's compiled kernel (same result); False: this Python replay.
     """
+    if compiled and host is None and type(order) is LRUOrder:
+        from kvscope.sim.caches.pool_lru import simulate_lru_pool
+
+        reqs, kinds = event_order(trace)
+        return simulate_lru_pool(
+            trace, capacity_blocks, reqs, kinds, caching=caching, head_first=head_first
+        )
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
     order.bind(trace, capacity_blocks, start_rank(trace))

@@ -1,0 +1,350 @@
+"""vLLM's block pool under LRU, compiled: pool.py's rules in one numba kernel.
+
+`simulate_pool` (pool.py) calls `simulate_lru_pool` for the LRU order (and for no cache) without
+a host tier. The rules are pool.py's docstring, replayed event by event in machine code: the free
+queue a doubly linked list over block ids, the blank blocks a stack, the keys factorized first
+into dense ids (an open-addressing hash table, once per trace: `key_ids`) so the key index is two
+arrays by id (the first block holding the key, who evicted its last copy), later blocks holding
+the same key a linked list per key in the order stored, each running request's blocks in a flat
+arena.
+
+Contract: the same SimResult as pool.py's Python path with `LRUOrder` (cached blocks,
+preemptions, evictions, harm rows), which tests/unit/sim holds on random traces, duplicate keys,
+preemption, head-first order and no cache. Only `seconds` differs.
+
+Cost: the kernel is compiled on first use and cached on disk by numba (`cache=True`: beside this
+module, or numba's user cache directory when that is not writable); after that, a replay is the
+load of the cached code (~0.3-0.5 s), the keys' factorization once per trace and a pass over
+the blocks per capacity (measured in README's What-if replay section).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numba
+import numpy as np
+
+from kvscope.sim.caches.result import SimResult
+from kvscope.sim.trace import Trace
+
+BLANK, KEYED, OPAQUE = 0, 1, 2  # pool.py's block states
+
+
+def simulate_lru_pool(
+    trace: Trace,
+    capacity_blocks: int,
+    reqs: np.ndarray,
+    kinds: np.ndarray,
+    *,
+    caching: bool = True,
+    head_first: bool = False,
+) -> SimResult:
+    """pool.py's `simulate_pool(trace, capacity_blocks, LRUOrder(), caching=..., head_first=...)`
+    with the events `reqs`/`kinds` (pool.event_order)."""
+    started = time.perf_counter()
+    n, bs = len(trace), trace.block_size
+    prompt = np.ascontiguousarray(trace.prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(trace.output_tokens, dtype=np.int64)
+    computed = prompt + output - 1
+    total = np.maximum(-(-computed // bs), 0)  # blocks a request takes (pool.py's `total`)
+    held_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(total, out=held_off[1:])
+    cached, preempted, evictions, harm = _replay(
+        np.ascontiguousarray(reqs, dtype=np.int64),
+        np.ascontiguousarray(kinds, dtype=np.int8),
+        prompt,
+        output,
+        np.ascontiguousarray(trace.offsets, dtype=np.int64),
+        *key_ids(trace.keys),
+        np.int64(bs),
+        np.int64(capacity_blocks),
+        caching,
+        head_first,
+        held_off,
+    )
+    return SimResult(
+        policy="lru" if caching else "none",
+        capacity_blocks=capacity_blocks,
+        block_size=bs,
+        cached_blocks=cached,
+        host_blocks=np.zeros(n, dtype=np.int64),
+        prefetched_blocks=None,
+        preempted=preempted,
+        evictions=int(evictions),
+        seconds=time.perf_counter() - started,
+        **_harm_rows(harm),
+    )
+
+
+_memo: list[tuple[np.ndarray, np.ndarray, int]] = []  # the last trace's keys and their ids
+
+
+def key_ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids of `keys` (int32, 0..n-1 in order of first appearance) and n. The ids of the
+    last keys array asked for are kept, so a sweep (many capacities or policies of one trace,
+    and prompt_only's trace, which shares its keys) factorizes once."""
+    if _memo and _memo[0][0] is keys:
+        return _memo[0][1], _memo[0][2]
+    kids, nids = _factorize(np.ascontiguousarray(keys, dtype=np.uint64))
+    _memo[:] = [(keys, kids, int(nids))]
+    return kids, int(nids)
+
+
+def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
+    """(request, evictor, owner) per harmed block -> pool.harm_arrays' sorted, counted rows."""
+    if not len(harm):
+        empty = np.zeros(0, dtype=np.int64)
+        return dict.fromkeys(("harm_request", "harm_evictor", "harm_owner", "harm_blocks"), empty)
+    rows, counts = np.unique(harm, axis=0, return_counts=True)  # sorted lexicographically
+    return {
+        "harm_request": rows[:, 0].copy(),
+        "harm_evictor": rows[:, 1].copy(),
+        "harm_owner": rows[:, 2].copy(),
+        "harm_blocks": counts.astype(np.int64),
+    }
+
+
+@numba.njit(cache=True, inline="always")
+def _slot(key: np.uint64, mask: np.int64) -> np.int64:
+    """Start slot of `key` (splitmix64's finalizer: sequential ids spread too)."""
+    z = key
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return np.int64(z & np.uint64(mask))
+
+
+@numba.njit(cache=True)
+def _factorize(keys: np.ndarray) -> tuple[np.ndarray, np.int64]:
+    """Dense ids of `keys` (int32, the order of first appearance) and how many there are: an
+    open-addressing table, kept at most half full, grown by doubling."""
+    size = 1 << 16
+    tkey = np.zeros(size, dtype=np.uint64)
+    tid = np.full(size, -1, dtype=np.int32)
+    kids = np.empty(len(keys), dtype=np.int32)
+    nids = 0
+    for j in range(len(keys)):
+        key = keys[j]
+        mask = len(tid) - 1
+        s = _slot(key, mask)
+        while tid[s] >= 0 and tkey[s] != key:
+            s = (s + 1) & mask
+        if tid[s] < 0:
+            tkey[s] = key
+            tid[s] = nids
+            nids += 1
+            if 2 * nids > len(tid):  # grow: re-place every key
+                size = 2 * len(tid)
+                nkey = np.zeros(size, dtype=np.uint64)
+                nid = np.full(size, -1, dtype=np.int32)
+                mask = size - 1
+                for t in range(len(tid)):
+                    if tid[t] >= 0:
+                        u = _slot(tkey[t], mask)
+                        while nid[u] >= 0:
+                            u = (u + 1) & mask
+                        nkey[u] = tkey[t]
+                        nid[u] = tid[t]
+                tkey, tid = nkey, nid
+            kids[j] = nids - 1
+        else:
+            kids[j] = tid[s]
+    return kids, nids
+
+
+@numba.njit(cache=True)
+def _replay(
+    reqs: np.ndarray,
+    kinds: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    offsets: np.ndarray,
+    kids: np.ndarray,
+    nids: int,
+    bs: int,
+    cap: int,
+    caching: bool,
+    head_first: bool,
+    held_off: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """pool.py's replay over dense key ids: (cached blocks, preempted, evictions, harm rows
+    (request, evictor, owner) one per harmed block, unsorted)."""
+    n = len(prompt)
+    # per key id: the first block holding it (-1: none), who evicted its last copy
+    first = np.full(nids, -1, dtype=np.int32)
+    evicted = np.full(nids, -1, dtype=np.int64)  # evictor << 32 | (owner + 1)
+    # blocks
+    ref = np.zeros(cap, dtype=np.int64)
+    state = np.zeros(cap, dtype=np.int8)
+    kid_of = np.full(cap, -1, dtype=np.int32)
+    owner_of = np.full(cap, -1, dtype=np.int64)
+    dnext = np.full(cap, -1, dtype=np.int64)  # later blocks holding the same key, stored order
+    dprev = np.full(cap, -1, dtype=np.int64)
+    seen = np.zeros(cap, dtype=np.int64)
+    stamp = 0
+    blank = np.empty(cap, dtype=np.int64)  # a stack: the top is taken first
+    for j in range(cap):
+        blank[j] = cap - 1 - j
+    sp = cap
+    qnext = np.full(cap, -1, dtype=np.int64)  # the free queue: head evicted first
+    qprev = np.full(cap, -1, dtype=np.int64)
+    inq = np.zeros(cap, dtype=np.bool_)
+    qhead, qtail, qlen = -1, -1, 0
+    # requests
+    arena = np.empty(held_off[n], dtype=np.int32)  # request i's blocks, tail first
+    hn = np.zeros(n, dtype=np.int64)
+    cached = np.zeros(n, dtype=np.int64)
+    preempted = np.zeros(n, dtype=np.bool_)
+    harm = np.empty((1024, 3), dtype=np.int64)
+    nharm = 0
+    evictions = 0
+    new = np.empty(16, dtype=np.int64)
+    mine = np.empty(16, dtype=np.int64)
+
+    for e in range(len(reqs)):
+        i = reqs[e]
+        if kinds[e] == 0:  # end: blocks back to the free queue, tail first
+            m = hn[i]
+            stamp += 1
+            for t in range(m):
+                b = arena[held_off[i] + (m - 1 - t if head_first else t)]
+                if seen[b] == stamp:
+                    continue
+                seen[b] = stamp
+                ref[b] -= 1
+                if ref[b] == 0:
+                    if state[b] == BLANK:
+                        blank[sp] = b
+                        sp += 1
+                    else:  # append at the tail
+                        qprev[b] = qtail
+                        qnext[b] = -1
+                        if qtail >= 0:
+                            qnext[qtail] = b
+                        else:
+                            qhead = b
+                        qtail = b
+                        inq[b] = True
+                        qlen += 1
+            continue
+
+        base = offsets[i]
+        nkeys = offsets[i + 1] - base
+        p = prompt[i]
+        limit = (max(p - 1, 0) // bs) if caching else 0
+        limit = min(limit, nkeys)
+        if len(mine) < nkeys:
+            mine = np.empty(2 * nkeys, dtype=np.int64)
+        h = 0
+        while h < limit:
+            kid = kids[base + h]
+            if first[kid] < 0:
+                break
+            mine[h] = first[kid]
+            h += 1
+        for t in range(h):  # touched: hit blocks leave the free queue
+            b = mine[t]
+            if inq[b]:
+                inq[b] = False
+                if qprev[b] >= 0:
+                    qnext[qprev[b]] = qnext[b]
+                else:
+                    qhead = qnext[b]
+                if qnext[b] >= 0:
+                    qprev[qnext[b]] = qprev[b]
+                else:
+                    qtail = qprev[b]
+                qlen -= 1
+        cached[i] = h
+        if caching:  # harm: a missed key whose last copy someone evicted
+            for j in range(h, nkeys):
+                kid = kids[base + j]
+                if evicted[kid] >= 0 and first[kid] < 0:
+                    if nharm == len(harm):
+                        bigger = np.empty((2 * nharm, 3), dtype=np.int64)
+                        bigger[:nharm] = harm
+                        harm = bigger
+                    harm[nharm, 0] = i
+                    harm[nharm, 1] = evicted[kid] >> 32
+                    harm[nharm, 2] = (evicted[kid] & 0xFFFFFFFF) - 1
+                    nharm += 1
+        computed = p + output[i] - 1
+        total = -((-computed) // bs)
+        full = computed // bs
+        need = total - h
+        if len(new) < need:
+            new = np.empty(2 * need, dtype=np.int64)
+        take = min(need, sp)
+        for t in range(take):
+            new[t] = blank[sp - 1 - t]
+        sp -= take
+        nn = take
+        rest = need - take
+        if rest > 0:
+            if rest > qlen:
+                preempted[i] = True
+                rest = qlen
+            for _ in range(rest):  # victims from the head of the free queue
+                b = qhead
+                qhead = qnext[b]
+                if qhead >= 0:
+                    qprev[qhead] = -1
+                else:
+                    qtail = -1
+                inq[b] = False
+                qlen -= 1
+                evictions += 1
+                new[nn] = b
+                nn += 1
+                if state[b] != KEYED:
+                    continue
+                kid = kid_of[b]
+                if first[kid] == b:
+                    nb = dnext[b]
+                    if nb >= 0:  # the next block stored with the key takes over
+                        first[kid] = nb
+                        dprev[nb] = -1
+                        dnext[b] = -1
+                    else:
+                        first[kid] = -1
+                        evicted[kid] = (i << 32) + owner_of[b] + 1
+                else:  # a later copy: out of the key's list
+                    pb, nb = dprev[b], dnext[b]
+                    dnext[pb] = nb
+                    if nb >= 0:
+                        dprev[nb] = pb
+                    dprev[b] = -1
+                    dnext[b] = -1
+        m = h + nn  # held, tail first: new reversed, then mine reversed
+        off = held_off[i]
+        stamp += 1
+        for t in range(m):
+            b = new[nn - 1 - t] if t < nn else mine[h - 1 - (t - nn)]
+            arena[off + t] = b
+            if seen[b] != stamp:
+                seen[b] = stamp
+                ref[b] += 1
+        hn[i] = m
+        if nn == 0 or not caching:
+            continue
+        nk = min(nkeys, h + nn) - h  # new blocks that get a prompt key
+        for t in range(nk):
+            b = new[t]
+            kid = kids[base + h + t]
+            if first[kid] >= 0:  # held elsewhere: b is a later copy, at the list's end
+                last = first[kid]
+                while dnext[last] >= 0:
+                    last = dnext[last]
+                dnext[last] = b
+                dprev[b] = last
+            else:
+                first[kid] = b
+                evicted[kid] = -1
+            kid_of[b] = kid
+            state[b] = KEYED
+            owner_of[b] = i
+        nop = max(0, min(full, h + nn) - h - nk)
+        for t in range(nk, nn):
+            state[new[t]] = OPAQUE if t < nk + nop else BLANK
+    return cached, preempted, evictions, harm[:nharm]
