@@ -10,9 +10,9 @@ capacity (prompt-only, the default for a trace) and by kvlint 0.1.1's vLLM block
 driven one line at a time as its streamed simulator is (from hash_ids: its `block_hashes`
 replaced by the ids as given; it never sees lifetimes: one request after another), each in a
 child under /usr/bin/time: user + sys CPU seconds and peak RSS, `--repeat` times.
-Then the one-pass LRU sweep: the Mooncake trace without `end_timestamp` (requests one after
-another: the block pool is an LRU stack, sim/caches/stack.py) at the capacity and at 10 (a tenth
-of it to all of it).
+Then the LRU sweep: the Mooncake trace without `end_timestamp` (requests one after another) at
+the capacity and at 10 (a tenth of it to all of it): one load and one factorization of the keys,
+the compiled pool (sim/caches/pool_lru.py) once per capacity.
 """
 
 from __future__ import annotations
@@ -121,10 +121,9 @@ def limit(n: int, block_size: int, capacity: int, repeat: int) -> None:
         for _ in range(repeat):
             one, one_mb, _ = timed(kvscope_cmd(paths["sequential"], block_size, caps[-1:], out))
             ten, ten_mb, _ = timed(kvscope_cmd(paths["sequential"], block_size, caps, out))
-            methods = {r.get("method") for r in _results(out)}
             print(f"  LRU sweep, requests one after another: 1 capacity {one:.2f} s CPU "
                   f"{one_mb:.0f} MB, 10 capacities {ten:.2f} s CPU {ten_mb:.0f} MB: "
-                  f"{ten / one:.2f}x (method {', '.join(sorted(map(str, methods)))})")  # fmt: skip
+                  f"{ten / one:.2f}x")  # fmt: skip
     with open("/proc/loadavg") as f:
         print(f"load average after: {f.read().split()[:3]}")
 

@@ -29,7 +29,7 @@ head-first (vLLM semantics only: refused on SGLang's and for the hint policies),
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from kvscope.errors import KvscopeError
@@ -43,8 +43,8 @@ from kvscope.sim.simulate import (
     IN_REQUEST,
     POLICIES,
     RADIX_POLICIES,
+    prepare,
     simulate,
-    sweep_lru,
 )
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
@@ -244,7 +244,6 @@ def hint_notes(source: Source, chosen: list[str], engine: str | None, host: int)
 class Outcome:
     summaries: list[Summary]  # policy-major, capacities in the plan's order
     fidelity: Fidelity | None  # engine's own policy at the run's capacity (run directories)
-    notes: list[str] = field(default_factory=list)  # how the cells were computed
 
 
 def run_plan(
@@ -258,15 +257,9 @@ def run_plan(
     the cells run on that many forked processes (sim.grid.run_cells: the same results in the
     same order, the same errors); 1: one after another, in this process."""
     trace = source.trace
-    swept, notes = lru_in_one_pass(source, plan, ms_per_token)
-    for cap in swept:
-        on_done("lru", cap)
-    every = [(p, c) for p in plan.policies for c in plan.capacities]
-    cells = [(p, c) for p, c in every if not (p == "lru" and c in swept)]
-    done = run_cells(partial(run_cell, source, plan, ms_per_token), cells, jobs, on_done)
-    by_cell = dict(zip(cells, done, strict=True))
-    by_cell.update({("lru", cap): (summary, None) for cap, summary in swept.items()})
-    in_order = [by_cell[cell] for cell in every]
+    prepare(trace, plan.policies)  # before the cells fork: what they share, done once
+    cells = [(p, c) for p in plan.policies for c in plan.capacities]
+    in_order = run_cells(partial(run_cell, source, plan, ms_per_token), cells, jobs, on_done)
     summaries = [summary for summary, _ in in_order]
     found = None
     for _, cell_fidelity in in_order:  # the last matching cell's, as the sequential loop kept
@@ -277,41 +270,7 @@ def run_plan(
         kwargs = {"engine": plan.engine} if plan.engine else {}
         result = simulate(trace, own, run_cap // trace.block_size, **kwargs)
         found = fidelity(source, result)
-    return Outcome(summaries, found, notes)
-
-
-def lru_in_one_pass(
-    source: Source, plan: Plan, ms_per_token: float | None
-) -> tuple[dict[int, Summary], list[str]]:
-    """LRU's capacities that one pass over stack distances answers exactly (simulate.sweep_lru):
-    {capacity tokens: summary}, and a note saying which were and why the others were not."""
-    if "lru" not in plan.policies or plan.engine not in (None, "vllm") or plan.host_blocks:
-        return {}, []
-    bs = source.trace.block_size
-    results, why = sweep_lru(
-        source.trace,
-        [cap // bs for cap in plan.capacities],
-        cache_outputs=plan.cache_outputs,
-        in_request=plan.in_request,
-    )
-    swept = {
-        cap: replace(
-            summarize(source.trace, results[cap // bs], ms_per_token, plan.load_ms_per_block),
-            requested_capacity_tokens=cap,
-        )
-        for cap in plan.capacities
-        if cap // bs in results
-    }
-    notes = []
-    if swept:
-        notes.append(
-            f"lru at {len(swept)} capacit{'y' if len(swept) == 1 else 'ies'}: one pass over "
-            "LRU stack distances (method stack-distance; equal to simulating each)"
-        )
-    reasons = sorted({why[cap // bs] for cap in plan.capacities if cap // bs in why})
-    if reasons:
-        notes.append(f"lru simulated capacity by capacity: {'; '.join(reasons)}")
-    return swept, notes
+    return Outcome(summaries, found)
 
 
 def run_cell(

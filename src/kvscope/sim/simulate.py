@@ -40,7 +40,6 @@ from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
 from kvscope.sim.caches.result import SimResult
-from kvscope.sim.caches.stack import lru_sweep
 from kvscope.sim.hints import HINT_POLICIES, hint_priorities
 from kvscope.sim.orders.base import EvictionOrder, LRUOrder
 from kvscope.sim.orders.belady import BeladyOrder
@@ -110,33 +109,14 @@ def simulate(
     return replace(result, caching=caching, in_request=in_request)
 
 
-def sweep_lru(
-    trace: Trace,
-    capacities: Sequence[int],
-    *,
-    engine: str = "vllm",
-    host_blocks: int = 0,
-    cache_outputs: bool = True,
-    in_request: str = "tail-first",
-) -> tuple[dict[int, SimResult], dict[int, str]]:
-    """LRU at many capacities (blocks) in one pass, where that equals `simulate(trace, "lru",
-    c, ...)` exactly (caches/stack.py: vLLM semantics, prompt-only caching, no host tier,
-    requests that do not overlap in time, ...): ({capacity: its SimResult, method
-    "stack-distance"}, {capacity: why it must be simulated on its own}). The caller simulates
-    the capacities of the second dict."""
-    caps = sorted(set(capacities))
-    if engine != "vllm" or host_blocks:
-        return {}, dict.fromkeys(caps, "only vLLM's block pool without a host tier is a stack")
-    if cache_outputs:
-        return {}, dict.fromkeys(caps, "output blocks take cache space (--cache-outputs)")
-    if in_request not in IN_REQUEST:
-        raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
-    found, why = lru_sweep(prompt_only(trace), caps, head_first=in_request == IN_REQUEST[1])
-    done = {
-        c: replace(r, caching=CACHING[1], in_request=in_request, method="stack-distance")
-        for c, r in found.items()
-    }
-    return done, why
+def prepare(trace: Trace, policies: Sequence[str]) -> None:
+    """Work that every cell of a sweep over `trace` shares, done once (before a grid forks its
+    workers, which inherit it): LRU's compiled pool (and no cache's) loads its code and
+    factorizes the trace's keys."""
+    if {"lru", "none"} & set(policies):
+        from kvscope.sim.caches.pool_lru import warm
+
+        warm(trace)
 
 
 def _simulate(

@@ -77,6 +77,15 @@ def simulate_lru_pool(
     )
 
 
+def warm(trace: Trace) -> None:
+    """Load the compiled code and factorize `trace`'s keys now (simulate.prepare)."""
+    key_ids(trace.keys)
+    one = np.zeros(1, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    _replay(empty, empty.astype(np.int8), empty, empty, one, empty.astype(np.int32), 0,
+            np.int64(1), np.int64(1), True, False, one)  # fmt: skip
+
+
 _memo: list[tuple[np.ndarray, np.ndarray, int]] = []  # the last trace's keys and their ids
 
 
@@ -92,16 +101,14 @@ def key_ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
-    """(request, evictor, owner) per harmed block -> pool.harm_arrays' sorted, counted rows."""
-    if not len(harm):
-        empty = np.zeros(0, dtype=np.int64)
-        return dict.fromkeys(("harm_request", "harm_evictor", "harm_owner", "harm_blocks"), empty)
-    rows, counts = np.unique(harm, axis=0, return_counts=True)  # sorted lexicographically
+    """The kernel's (request, evictor << 32 | (owner + 1), blocks) rows, distinct within a
+    request -> pool.harm_arrays' rows, sorted by (request, evictor, owner)."""
+    harm = harm[np.lexsort((harm[:, 1], harm[:, 0]))]
     return {
-        "harm_request": rows[:, 0].copy(),
-        "harm_evictor": rows[:, 1].copy(),
-        "harm_owner": rows[:, 2].copy(),
-        "harm_blocks": counts.astype(np.int64),
+        "harm_request": harm[:, 0].copy(),
+        "harm_evictor": harm[:, 1] >> 32,
+        "harm_owner": (harm[:, 1] & 0xFFFFFFFF) - 1,
+        "harm_blocks": harm[:, 2].copy(),
     }
 
 
@@ -169,7 +176,7 @@ def _replay(
     held_off: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """pool.py's replay over dense key ids: (cached blocks, preempted, evictions, harm rows
-    (request, evictor, owner) one per harmed block, unsorted)."""
+    (request, evictor << 32 | (owner + 1), blocks), counted within each request)."""
     n = len(prompt)
     # per key id: the first block holding it (-1: none), who evicted its last copy
     first = np.full(nids, -1, dtype=np.int32)
@@ -257,7 +264,8 @@ def _replay(
                     qtail = qprev[b]
                 qlen -= 1
         cached[i] = h
-        if caching:  # harm: a missed key whose last copy someone evicted
+        if caching:  # harm: a missed key whose last copy someone evicted, counted by who
+            g0 = nharm
             for j in range(h, nkeys):
                 kid = kids[base + j]
                 if evicted[kid] >= 0 and first[kid] < 0:
@@ -266,9 +274,20 @@ def _replay(
                         bigger[:nharm] = harm
                         harm = bigger
                     harm[nharm, 0] = i
-                    harm[nharm, 1] = evicted[kid] >> 32
-                    harm[nharm, 2] = (evicted[kid] & 0xFFFFFFFF) - 1
+                    harm[nharm, 1] = evicted[kid]
+                    harm[nharm, 2] = 1
                     nharm += 1
+            if nharm - g0 > 1:  # one row per (evictor, owner), sorted
+                packed = np.sort(harm[g0:nharm, 1])
+                nharm = g0
+                for t in range(len(packed)):
+                    if t and packed[t] == packed[t - 1]:
+                        harm[nharm - 1, 2] += 1
+                    else:
+                        harm[nharm, 0] = i
+                        harm[nharm, 1] = packed[t]
+                        harm[nharm, 2] = 1
+                        nharm += 1
         computed = p + output[i] - 1
         total = -((-computed) // bs)
         full = computed // bs

@@ -40,9 +40,6 @@ class SimResult:
     caching: str = "cache-outputs"
     # which of a request's blocks is evicted first: "tail-first" (the engines') or "head-first"
     in_request: str = "tail-first"
-    # how it was computed: "simulation" (the cache replayed at this capacity) or "stack-distance"
-    # (LRU at many capacities in one pass, caches/stack.py, where that is exact)
-    method: str = "simulation"
 
     @property
     def cached_tokens(self) -> np.ndarray:

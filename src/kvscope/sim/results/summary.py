@@ -7,8 +7,7 @@ prompt_tokens, cached_tokens, hit_ratio, per_agent: {agent: {prompt_tokens, cach
 seconds, ...} plus capacity_blocks, requested_capacity_tokens (as asked, before rounding to
 whole blocks), caching ("cache-outputs" or "prompt-only": what the cache held, simulate's
 CACHING), in_request_order ("tail-first" or "head-first": which of a request's blocks is
-evicted first, simulate's IN_REQUEST), method ("simulation", or "stack-distance": LRU's
-capacities computed in one pass where that is exact, caches/stack.py), recompute_tokens,
+evicted first, simulate's IN_REQUEST), recompute_tokens,
 preempted, evictions, per_transition (same shape as per_agent), harm ([{evictor_agent,
 victim_agent, blocks, tokens}]: prompt tokens recomputed because the evictor agent's allocation
 evicted what the victim agent had stored) and
@@ -62,7 +61,6 @@ class Summary:
     requested_capacity_tokens: int | None = None
     caching: str = "cache-outputs"  # what the cache held: SimResult.caching
     in_request: str = "tail-first"  # which of a request's blocks is evicted first: SimResult's
-    method: str = "simulation"  # how it was computed: SimResult's
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,7 +70,6 @@ class Summary:
             "requested_capacity_tokens": self.requested_capacity_tokens,
             "caching": self.caching,
             "in_request_order": self.in_request,
-            "method": self.method,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -101,11 +98,40 @@ def ordered_agents(trace: Trace) -> list[str]:
     return [agent_label(a) for a in agent_order(rows)]
 
 
-def _grouped(labels: list[str], prompt: np.ndarray, cached: np.ndarray, order: list[str]) -> dict:
-    """{label: {prompt_tokens, cached_tokens}} in `order` (then any other label by first use)."""
-    names = list(dict.fromkeys([*(o for o in order if o in set(labels)), *labels]))
+@dataclass(frozen=True)
+class Labels:
+    """A trace's per-request labels, as codes into their names: what every summary of the trace
+    groups by (made once per trace: `labels`)."""
+
+    agents: list[str]  # per request
+    agent_names: list[str]  # ordered_agents' order
+    agent_codes: np.ndarray  # int64 per request, into agent_names
+    transition_names: list[str]  # by first use
+    transition_codes: np.ndarray
+
+
+_last: list[tuple[Trace, Labels]] = []  # the last trace's labels (a sweep summarizes it often)
+
+
+def labels(trace: Trace) -> Labels:
+    if _last and _last[0][0] is trace:
+        return _last[0][1]
+    agents = [agent_label(a) for a in trace.agents]
+    names = ordered_agents(trace)
+    transitions = [t or NO_AGENT for t in (trace.transition(i) for i in range(len(trace)))]
+    tnames = list(dict.fromkeys(transitions))
+    made = Labels(agents, names, _codes(agents, names), tnames, _codes(transitions, tnames))
+    _last[:] = [(trace, made)]
+    return made
+
+
+def _codes(values: list[str], names: list[str]) -> np.ndarray:
     index = {name: i for i, name in enumerate(names)}
-    codes = np.array([index[label] for label in labels], dtype=np.int64)
+    return np.array([index[v] for v in values], dtype=np.int64)
+
+
+def _grouped(names: list[str], codes: np.ndarray, prompt: np.ndarray, cached: np.ndarray) -> dict:
+    """{name: {prompt_tokens, cached_tokens}} in the names' order."""
     p = np.bincount(codes, weights=prompt, minlength=len(names))
     c = np.bincount(codes, weights=cached, minlength=len(names))
     return {
@@ -124,10 +150,9 @@ def summarize(
     prompt = trace.prompt_tokens.astype(np.int64)
     cached = np.minimum(result.cached_tokens.astype(np.int64), prompt)
     loaded = np.minimum(result.host_blocks * result.block_size, prompt - cached)
-    agents = [agent_label(a) for a in trace.agents]
-    transitions = [t or NO_AGENT for t in (trace.transition(i) for i in range(len(trace)))]
+    lab = labels(trace)
     total = int(prompt.sum())
-    tiers = tier_numbers(trace, result, agents, load_ms_per_block)
+    tiers = tier_numbers(trace, result, lab.agents, load_ms_per_block)
     saved = ttft_saved_ms(trace, cached + loaded, ms_per_token)
     if tiers is not None and saved is not None and tiers["host_tokens"]:
         saved = None if tiers["load_ms"] is None else saved - tiers["load_ms"]
@@ -142,15 +167,14 @@ def summarize(
         recompute_tokens=int((prompt - cached - loaded).sum()),
         preempted=int(result.preempted.sum()),
         evictions=int(result.evictions),
-        per_agent=_grouped(agents, prompt, cached, ordered_agents(trace)),
-        per_transition=_grouped(transitions, prompt, cached, []),
+        per_agent=_grouped(lab.agent_names, lab.agent_codes, prompt, cached),
+        per_transition=_grouped(lab.transition_names, lab.transition_codes, prompt, cached),
         harm=harm_pairs(trace, result),
         ttft_saved_ms=saved,
         seconds=float(result.seconds),
         tiers=tiers,
         caching=result.caching,
         in_request=result.in_request,
-        method=result.method,
     )
 
 
@@ -160,23 +184,18 @@ def harm_pairs(trace: Trace, result: SimResult) -> list[dict[str, Any]]:
     The victim is the agent whose request had stored the evicted blocks (analysis.evictions'
     rule); an evictor or owner the simulator reports as -1 is UNKNOWN.
     """
-
-    def who(i: int) -> str:
-        return UNKNOWN if i < 0 else agent_label(trace.agents[i])
-
-    sums: dict[tuple[str, str], int] = {}
-    for evictor, owner, blocks in zip(
-        result.harm_evictor.tolist(),
-        result.harm_owner.tolist(),
-        result.harm_blocks.tolist(),
-        strict=True,
-    ):
-        pair = (who(evictor), who(owner))
-        sums[pair] = sums.get(pair, 0) + int(blocks)
+    lab = labels(trace)
+    names = [*lab.agent_names, UNKNOWN]
+    code = np.append(lab.agent_codes, len(names) - 1)  # code[-1]: UNKNOWN
+    k = len(names)
+    pairs = code[result.harm_evictor] * k + code[result.harm_owner]
+    found, where = np.unique(pairs, return_inverse=True)
+    sums = np.bincount(where, weights=result.harm_blocks, minlength=len(found)).astype(np.int64)
     rows = [
-        {"evictor_agent": e, "victim_agent": v, "blocks": b, "tokens": b * result.block_size}
-        for (e, v), b in sums.items()
-    ]
+        {"evictor_agent": names[p // k], "victim_agent": names[p % k], "blocks": int(b),
+         "tokens": int(b) * result.block_size}
+        for p, b in zip(found.tolist(), sums.tolist(), strict=True)
+    ]  # fmt: skip
     return sorted(rows, key=lambda r: (-r["tokens"], r["evictor_agent"], r["victim_agent"]))
 
 
