@@ -15,10 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
-from kvscope.report import plots
 from kvscope.report.table import NULL, Section, Table, facts, fmt
 
 MAX_MISMATCH_ROWS = 20
@@ -38,6 +35,10 @@ def replay_plot(results: Sequence[dict[str, Any]], run_capacity: int | None = No
     a dotted vertical line at `run_capacity` (the run's own KV capacity) when given."""
     if not results:
         return None
+    import matplotlib.pyplot as plt  # here: a terminal replay draws nothing (0.3 s of imports)
+
+    from kvscope.report import plots
+
     policies = list(dict.fromkeys(r["policy"] for r in results))
     agents = list(dict.fromkeys(a for r in results for a in r["per_agent"]))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -271,6 +272,8 @@ def replay_section(run_dir: Path) -> list[Section]:
         return []
     doc = json.loads(path.read_text())
     png = run_dir / REPLAY_PNG
+    from kvscope.report import plots
+
     return replay_sections(
         doc,
         plots.file_uri(png)

@@ -128,3 +128,23 @@ def test_status_shows_the_dtype_and_the_capabilities(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "float32 (no native bf16; CPU flags: avx2, VLLM_CPU_ISA=avx2)" in out
     assert "smollm2" in out and "4,096 tokens" in out
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    """`kvscope replay` builds the app with replay alone (cli.build): run's, profile's and the
+    engines' modules stay unloaded; `kvscope --help` lists every command."""
+    import subprocess
+
+    code = (
+        "import sys; sys.argv = ['kvscope', 'replay', '--help']\n"
+        "from kvscope.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "loaded = [m for m in ('kvscope.cli.run', 'kvscope.cli.profile', 'kvscope.cli.engine',"
+        " 'matplotlib.pyplot') if m in sys.modules]\n"
+        "print('LOADED', loaded)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--capacity-tokens" in out.stdout and "LOADED []" in out.stdout, out.stdout
+    listed = runner.invoke(app, ["--help"]).output
+    for name in ("engine", "run", "profile", "replay", "sweep", "report", "compare", "log"):
+        assert f" {name} " in listed, name
