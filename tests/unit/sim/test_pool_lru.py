@@ -90,3 +90,18 @@ def test_key_ids_are_kept_for_the_last_keys_only() -> None:
     assert pool_lru.key_ids(a)[0] is ka
     assert pool_lru.key_ids(b)[0].tolist() == [0, 0]
     assert pool_lru.key_ids(a)[0] is not ka  # b replaced it
+
+
+def test_compiled_lru_moves_running_requests_blocks_when_its_arena_fills() -> None:
+    """More blocks taken over the trace than the arena's first size (65,536), some requests
+    running across many refills: their blocks must survive each move to the front."""
+    rng = np.random.default_rng(7)
+    n = 5000
+    blocks = [(rng.integers(0, 2000, size=int(rng.integers(20, 60)))).tolist() for _ in range(n)]
+    start = np.arange(n, dtype=float)
+    end = start + np.where(rng.random(n) < 0.02, 2000.0, rng.exponential(3.0, size=n))
+    tr = make_trace(blocks, start=start.tolist(), end=end.tolist(), output=9)
+    assert int(np.diff(tr.offsets).sum()) > 2 * 65_536
+    for cap in (1500, 2500):  # evicting and preempting: a lost block would show
+        _same(*_both(tr, cap))
+        _same(*_both(tr, cap, head_first=True))

@@ -6,7 +6,7 @@ queue a doubly linked list over block ids, the blank blocks a stack, the keys fa
 into dense ids (an open-addressing hash table, once per trace: `key_ids`) so the key index is two
 arrays by id (the first block holding the key, who evicted its last copy), later blocks holding
 the same key a linked list per key in the order stored, each running request's blocks in a flat
-arena.
+arena (as large as the blocks running requests hold at once).
 
 Contract: the same SimResult as pool.py's Python path with `LRUOrder` (cached blocks,
 preemptions, evictions, harm rows), which tests/unit/sim holds on random traces, duplicate keys,
@@ -46,10 +46,6 @@ def simulate_lru_pool(
     n, bs = len(trace), trace.block_size
     prompt = np.ascontiguousarray(trace.prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(trace.output_tokens, dtype=np.int64)
-    computed = prompt + output - 1
-    total = np.maximum(-(-computed // bs), 0)  # blocks a request takes (pool.py's `total`)
-    held_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(total, out=held_off[1:])
     cached, preempted, evictions, harm = _replay(
         np.ascontiguousarray(reqs, dtype=np.int64),
         np.ascontiguousarray(kinds, dtype=np.int8),
@@ -61,7 +57,6 @@ def simulate_lru_pool(
         np.int64(capacity_blocks),
         caching,
         head_first,
-        held_off,
     )
     return SimResult(
         policy="lru" if caching else "none",
@@ -83,7 +78,7 @@ def warm(trace: Trace) -> None:
     one = np.zeros(1, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
     _replay(empty, empty.astype(np.int8), empty, empty, one, empty.astype(np.int32), 0,
-            np.int64(1), np.int64(1), True, False, one)  # fmt: skip
+            np.int64(1), np.int64(1), True, False)  # fmt: skip
 
 
 _memo: list[tuple[np.ndarray, np.ndarray, int]] = []  # the last trace's keys and their ids
@@ -173,7 +168,6 @@ def _replay(
     cap: int,
     caching: bool,
     head_first: bool,
-    held_off: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """pool.py's replay over dense key ids: (cached blocks, preempted, evictions, harm rows
     (request, evictor << 32 | (owner + 1), blocks), counted within each request)."""
@@ -199,8 +193,16 @@ def _replay(
     inq = np.zeros(cap, dtype=np.bool_)
     qhead, qtail, qlen = -1, -1, 0
     # requests
-    arena = np.empty(held_off[n], dtype=np.int32)  # request i's blocks, tail first
+    # running requests' blocks, tail first: request i's at arena[hstart[i]:hstart[i] + hn[i]],
+    # appended at `pos`; when full, the running ones are moved to the front (and it grows when
+    # they fill half of it), so it is as large as the blocks held at once, not the trace's
+    arena = np.empty(max(4 * cap, 1 << 16), dtype=np.int32)
+    pos = 0
+    hstart = np.zeros(n, dtype=np.int64)
     hn = np.zeros(n, dtype=np.int64)
+    live = np.empty(n, dtype=np.int64)  # the running requests; live_at[i]: i's place in it
+    live_at = np.zeros(n, dtype=np.int64)
+    nlive = 0
     cached = np.zeros(n, dtype=np.int64)
     preempted = np.zeros(n, dtype=np.bool_)
     harm = np.empty((1024, 3), dtype=np.int64)
@@ -215,7 +217,7 @@ def _replay(
             m = hn[i]
             stamp += 1
             for t in range(m):
-                b = arena[held_off[i] + (m - 1 - t if head_first else t)]
+                b = arena[hstart[i] + (m - 1 - t if head_first else t)]
                 if seen[b] == stamp:
                     continue
                 seen[b] = stamp
@@ -234,6 +236,10 @@ def _replay(
                         qtail = b
                         inq[b] = True
                         qlen += 1
+            last = live[nlive - 1]  # i is not running any more
+            live[live_at[i]] = last
+            live_at[last] = live_at[i]
+            nlive -= 1
             continue
 
         base = offsets[i]
@@ -336,7 +342,24 @@ def _replay(
                     dprev[b] = -1
                     dnext[b] = -1
         m = h + nn  # held, tail first: new reversed, then mine reversed
-        off = held_off[i]
+        if pos + m > len(arena):  # move the running requests' blocks to the front
+            running = live[:nlive][np.argsort(hstart[live[:nlive]])]
+            pos = 0
+            for r in running:
+                for t in range(hn[r]):
+                    arena[pos + t] = arena[hstart[r] + t]
+                hstart[r] = pos
+                pos += hn[r]
+            if 2 * (pos + m) > len(arena):
+                bigger = np.empty(2 * (pos + m), dtype=np.int32)
+                bigger[:pos] = arena[:pos]
+                arena = bigger
+        off = pos
+        hstart[i] = pos
+        pos += m
+        live[nlive] = i
+        live_at[i] = nlive
+        nlive += 1
         stamp += 1
         for t in range(m):
             b = new[nn - 1 - t] if t < nn else mine[h - 1 - (t - nn)]
