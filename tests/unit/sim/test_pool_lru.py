@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from sim_helpers import make_trace, random_trace
 
-from kvscope.sim.caches import pool_lru
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.orders.base import LRUOrder
@@ -64,32 +63,6 @@ def test_compiled_lru_equals_the_python_pool(seed: int) -> None:
 def test_compiled_lru_on_a_trace_without_requests_or_keys() -> None:
     for tr in (make_trace([]), make_trace([[], [], []])):
         _same(*_both(tr, 4))
-
-
-@pytest.mark.parametrize(
-    "keys",
-    [
-        np.arange(100_000, dtype=np.uint64) % 70_000,  # sequential ids, growth past 2**16 slots
-        np.array([2**64 - 1, 0, 2**63, 2**64 - 1, 1, 0, 2**63 + 1], dtype=np.uint64),
-        np.random.default_rng(0).integers(0, 2**63, size=50_000, dtype=np.uint64) % 999,
-    ],
-)
-def test_key_ids_name_equal_keys_alike_in_order_of_first_appearance(keys: np.ndarray) -> None:
-    pool_lru._memo.clear()
-    kids, n = pool_lru.key_ids(keys)
-    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    assert n == len(uniq)
-    rank = np.empty(len(uniq), dtype=np.int64)  # unique value -> its order of first appearance
-    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
-    assert kids.tolist() == rank[inverse].tolist()
-
-
-def test_key_ids_are_kept_for_the_last_keys_only() -> None:
-    a, b = np.array([5, 6, 5], dtype=np.uint64), np.array([7, 7], dtype=np.uint64)
-    ka, _ = pool_lru.key_ids(a)
-    assert pool_lru.key_ids(a)[0] is ka
-    assert pool_lru.key_ids(b)[0].tolist() == [0, 0]
-    assert pool_lru.key_ids(a)[0] is not ka  # b replaced it
 
 
 def test_compiled_lru_moves_running_requests_blocks_when_its_arena_fills() -> None:

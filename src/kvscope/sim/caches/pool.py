@@ -52,11 +52,9 @@ import numpy as np
 
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.result import SimResult
+from kvscope.sim.caches.states import BLANK, KEYED, OPAQUE
 from kvscope.sim.orders.base import EvictionOrder, LRUOrder
 from kvscope.sim.trace import Trace
-
-BLANK, KEYED, OPAQUE = 0, 1, 2  # block states: no hash; a prompt key; a hashed output block
-# (OPAQUE: its content is unknown to a trace, no lookup matches it)
 
 
 def event_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

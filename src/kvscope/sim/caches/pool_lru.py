@@ -2,33 +2,32 @@
 
 `simulate_pool` (pool.py) calls `simulate_lru_pool` for the LRU order (and for no cache) without
 a host tier. The rules are pool.py's docstring, replayed event by event in machine code: the free
-queue a doubly linked list over block ids, the blank blocks a stack, the keys factorized first
-into dense ids (an open-addressing hash table, once per trace: `key_ids`) so the key index is two
-arrays by id (the first block holding the key, who evicted its last copy), later blocks holding
-the same key a linked list per key in the order stored, each running request's blocks in a flat
-arena (as large as the blocks running requests hold at once).
+queue a doubly linked list over block ids, the blank blocks a stack, the keys as dense ids
+(key_ids.py, once per trace) so the key index is two arrays by id (the first block holding the
+key, who evicted its last copy), later blocks holding the same key a linked list per key in the
+order stored, each running request's blocks in a flat arena (as large as the blocks running
+requests hold at once).
 
 Contract: the same SimResult as pool.py's Python path with `LRUOrder` (cached blocks,
 preemptions, evictions, harm rows), which tests/unit/sim holds on random traces, duplicate keys,
 preemption, head-first order and no cache. Only `seconds` differs.
 
-Cost: the kernel is compiled on first use and cached on disk by numba (`cache=True`: beside this
-module, or numba's user cache directory when that is not writable); after that, a replay is the
-load of the cached code (~0.3-0.5 s), the keys' factorization once per trace and a pass over
-the blocks per capacity (measured in README's What-if replay section).
+Cost: compiled on first use and kept on disk (compiled.py); then a replay is the load of the
+cached code (~0.3-0.5 s), the keys' factorization once per trace and one pass over the events per
+capacity (measured in README's What-if replay section).
 """
 
 from __future__ import annotations
 
 import time
 
-import numba
 import numpy as np
 
+from kvscope.sim.caches.compiled import compiled
+from kvscope.sim.caches.key_ids import key_ids
 from kvscope.sim.caches.result import SimResult
+from kvscope.sim.caches.states import BLANK, KEYED, OPAQUE
 from kvscope.sim.trace import Trace
-
-BLANK, KEYED, OPAQUE = 0, 1, 2  # pool.py's block states
 
 
 def simulate_lru_pool(
@@ -81,20 +80,6 @@ def warm(trace: Trace) -> None:
             np.int64(1), np.int64(1), True, False)  # fmt: skip
 
 
-_memo: list[tuple[np.ndarray, np.ndarray, int]] = []  # the last trace's keys and their ids
-
-
-def key_ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense ids of `keys` (int32, 0..n-1 in order of first appearance) and n. The ids of the
-    last keys array asked for are kept, so a sweep (many capacities or policies of one trace,
-    and prompt_only's trace, which shares its keys) factorizes once."""
-    if _memo and _memo[0][0] is keys:
-        return _memo[0][1], _memo[0][2]
-    kids, nids = _factorize(np.ascontiguousarray(keys, dtype=np.uint64))
-    _memo[:] = [(keys, kids, int(nids))]
-    return kids, int(nids)
-
-
 def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
     """The kernel's (request, evictor << 32 | (owner + 1), blocks) rows, distinct within a
     request -> pool.harm_arrays' rows, sorted by (request, evictor, owner)."""
@@ -107,55 +92,7 @@ def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-@numba.njit(cache=True, inline="always")
-def _slot(key: np.uint64, mask: np.int64) -> np.int64:
-    """Start slot of `key` (splitmix64's finalizer: sequential ids spread too)."""
-    z = key
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return np.int64(z & np.uint64(mask))
-
-
-@numba.njit(cache=True)
-def _factorize(keys: np.ndarray) -> tuple[np.ndarray, np.int64]:
-    """Dense ids of `keys` (int32, the order of first appearance) and how many there are: an
-    open-addressing table, kept at most half full, grown by doubling."""
-    size = 1 << 16
-    tkey = np.zeros(size, dtype=np.uint64)
-    tid = np.full(size, -1, dtype=np.int32)
-    kids = np.empty(len(keys), dtype=np.int32)
-    nids = 0
-    for j in range(len(keys)):
-        key = keys[j]
-        mask = len(tid) - 1
-        s = _slot(key, mask)
-        while tid[s] >= 0 and tkey[s] != key:
-            s = (s + 1) & mask
-        if tid[s] < 0:
-            tkey[s] = key
-            tid[s] = nids
-            nids += 1
-            if 2 * nids > len(tid):  # grow: re-place every key
-                size = 2 * len(tid)
-                nkey = np.zeros(size, dtype=np.uint64)
-                nid = np.full(size, -1, dtype=np.int32)
-                mask = size - 1
-                for t in range(len(tid)):
-                    if tid[t] >= 0:
-                        u = _slot(tkey[t], mask)
-                        while nid[u] >= 0:
-                            u = (u + 1) & mask
-                        nkey[u] = tkey[t]
-                        nid[u] = tid[t]
-                tkey, tid = nkey, nid
-            kids[j] = nids - 1
-        else:
-            kids[j] = tid[s]
-    return kids, nids
-
-
-@numba.njit(cache=True)
+@compiled()
 def _replay(
     reqs: np.ndarray,
     kinds: np.ndarray,
