@@ -12,7 +12,7 @@ replaced by the ids as given; it never sees lifetimes: one request after another
 child under /usr/bin/time: user + sys CPU seconds and peak RSS, `--repeat` times.
 Then the LRU sweep: the Mooncake trace without `end_timestamp` (requests one after another) at
 the capacity and at 10 (a tenth of it to all of it): one load and one factorization of the keys,
-the compiled pool (sim/caches/pool_lru.py) once per capacity.
+the compiled pool (sim/caches/pool_compiled.py) once per capacity.
 """
 
 from __future__ import annotations

@@ -111,10 +111,10 @@ def simulate(
 
 def prepare(trace: Trace, policies: Sequence[str]) -> None:
     """Work that every cell of a sweep over `trace` shares, done once (before a grid forks its
-    workers, which inherit it): LRU's compiled pool (and no cache's) loads its code and
-    factorizes the trace's keys."""
-    if {"lru", "none"} & set(policies):
-        from kvscope.sim.caches.pool_lru import warm
+    workers, which inherit it): the compiled pool (LRU's, Belady's, no cache's) loads its code
+    and factorizes the trace's keys."""
+    if {"lru", "belady", "none"} & set(policies):
+        from kvscope.sim.caches.pool_compiled import warm
 
         warm(trace)
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.sim.caches.pool import event_order, harm_arrays
+from kvscope.sim.caches.events import event_order
+from kvscope.sim.caches.pool import harm_arrays
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.trace import Trace
 

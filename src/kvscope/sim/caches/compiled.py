@@ -3,7 +3,8 @@
 A function is compiled to machine code on its first call and the code is kept on disk (beside
 its module, or numba's user cache directory when that is not writable), so later processes only
 load it (~0.2 s a function). Where numba finds no writable directory at all, it is compiled anew
-in each process instead (a few seconds), never refused.
+in each process instead (a few seconds), never refused. numba's cache checks only the file of
+the function it compiled: a kernel's file holds every compiled function it calls.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ observable does. With another order only the choice among evictable hashed block
 blocks (no hash) are still reused first, held blocks are never evicted, a key is looked up in
 the first block that stored it.
 
-Cost: LRU (and no cache) without a host tier run in pool_lru.py's compiled kernel (the same
+Cost: LRU, Belady (and no cache) without a host tier run in pool_compiled.py's kernel (the same
 result; ~10 ns a block). Other orders, and `compiled=False`: per request a few C-level calls over
 its block list (lookup by `map`, reference counts in numpy, the order's bulk hooks) plus a Python
 loop over its *missed* blocks only.
@@ -52,31 +52,12 @@ from itertools import repeat
 
 import numpy as np
 
+from kvscope.sim.caches.events import event_order, start_rank
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.caches.states import BLANK, KEYED, OPAQUE
-from kvscope.sim.orders.base import EvictionOrder, LRUOrder
+from kvscope.sim.orders.base import EvictionOrder
 from kvscope.sim.trace import Trace
-
-
-def event_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(request, is_start) per event, in replay order: by time, ends before starts, then index;
-    a request without duration (end = start) ends right after its own start."""
-    n = len(trace)
-    start, end = np.asarray(trace.start_s, float), np.asarray(trace.end_s, float)
-    idx = np.concatenate([np.arange(n), np.arange(n)])
-    is_start = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)])
-    tier = np.concatenate([(end <= start).astype(np.int8), np.ones(n, dtype=np.int8)])
-    perm = np.lexsort((1 - is_start, idx, tier, np.concatenate([end, start])))
-    return idx[perm], is_start[perm]
-
-
-def start_rank(trace: Trace) -> np.ndarray:
-    """rank[i]: request i's position among starts (the replay's clock for next-use policies)."""
-    order = np.lexsort((np.arange(len(trace)), np.asarray(trace.start_s, float)))
-    rank = np.empty(len(trace), dtype=np.int64)
-    rank[order] = np.arange(len(trace))
-    return rank
 
 
 def harm_arrays(harm: dict[tuple[int, int, int], int]) -> dict[str, np.ndarray]:
@@ -104,19 +85,22 @@ def simulate_pool(
     `caching=False` is the no-cache counterfactual: nothing is looked up or kept. `host`: a host
     tier below the device (tiers.py), None for none. `head_first`: a request's blocks go back to
     the free queue first block first (its first block is evicted first, as kvlint's and
-    prefixlens' LRU do), not vLLM's tail first. `compiled`: LRU (or no cache) without a host
-    tier runs in pool_lru.py's compiled kernel (same result); False: this Python replay.
+    prefixlens' LRU do), not vLLM's tail first. `compiled`: an order pool_compiled.py runs (LRU,
+    Belady) without a host tier replays in its compiled kernel (the same result); False, or any
+    other order: this Python replay.
     """
-    if compiled and host is None and type(order) is LRUOrder:
-        from kvscope.sim.caches.pool_lru import simulate_lru_pool
+    rank = start_rank(trace)
+    order.bind(trace, capacity_blocks, rank)
+    if compiled and host is None:
+        from kvscope.sim.caches.pool_compiled import simulate_compiled
 
-        reqs, kinds = event_order(trace)
-        return simulate_lru_pool(
-            trace, capacity_blocks, reqs, kinds, caching=caching, head_first=head_first
+        done = simulate_compiled(
+            trace, capacity_blocks, order, rank, caching=caching, head_first=head_first
         )
+        if done is not None:
+            return done
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
-    order.bind(trace, capacity_blocks, start_rank(trace))
     if host is not None:
         host.bind(trace)
     ref = np.zeros(capacity_blocks, dtype=np.int64)

@@ -32,7 +32,7 @@ Contract, as replayed (SGLang 0.5.23's UnifiedRadixCache):
 - A prefill end at or before the start (every trace without prefill timing) inserts at the
   start, as a request alone in its batch: prompt pages the tree already has past the match
   limit are then locked, not taken (SGLang would take them and free them right after).
-  Events are in start order (ends first at equal times, pool.event_order); before an event,
+  Events are in start order (ends first at equal times, events.event_order); before an event,
   the insertions of prefill ends at or before its time are applied, in prefill-end order
   (ties: start order). The rest (output, partial) is private to the request.
 - If free pages are short, unlocked leaf nodes are evicted in the policy's order, each whole
@@ -76,7 +76,8 @@ from itertools import repeat
 
 import numpy as np
 
-from kvscope.sim.caches.pool import event_order, harm_arrays
+from kvscope.sim.caches.events import event_order
+from kvscope.sim.caches.pool import harm_arrays
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.trace import Trace
 

@@ -88,6 +88,14 @@ class BeladyOrder(KeyedHeapOrder):
         self._pos = np.full(capacity, -1, dtype=np.int64)  # flat position of the last use
         self._now = -1
 
+    def packed_keys(self) -> tuple[np.ndarray, np.ndarray, int, int, int] | None:
+        """What the compiled pool (caches/pool_compiled.py) needs to make this order's keys,
+        once bound: (static per flat position + a 0 for none, next use per position, shift,
+        top, block mask); None when the keys do not fit int64."""
+        if not self._packed:
+            return None
+        return self._static, self._nxt, self._shift, self._top, self._mask
+
     def start(self, i: int) -> None:
         self._now = int(self._rank[i])
 

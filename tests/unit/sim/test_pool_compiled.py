@@ -1,22 +1,28 @@
-"""The compiled LRU pool (sim/caches/pool_lru.py) against pool.py's Python replay: the same
-result on every kind of trace, and dense key ids that name keys faithfully."""
+"""The compiled pool (sim/caches/pool_compiled.py: LRU, Belady) against pool.py's Python
+replay: the same result on every kind of trace."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from sim_helpers import make_trace, random_trace
 
+from kvscope.sim.caches.events import start_rank
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.result import SimResult
-from kvscope.sim.orders.base import LRUOrder
+from kvscope.sim.orders.base import EvictionOrder, LRUOrder
+from kvscope.sim.orders.belady import BeladyOrder
 from kvscope.sim.trace import Trace, prompt_only
 
 
-def _both(tr: Trace, cap: int, **kw: bool) -> tuple[SimResult, SimResult]:
+def _both(
+    tr: Trace, cap: int, order: Callable[[], EvictionOrder] = LRUOrder, **kw: bool
+) -> tuple[SimResult, SimResult]:
     return (
-        simulate_pool(tr, cap, LRUOrder(), compiled=True, **kw),
-        simulate_pool(tr, cap, LRUOrder(), compiled=False, **kw),
+        simulate_pool(tr, cap, order(), compiled=True, **kw),
+        simulate_pool(tr, cap, order(), compiled=False, **kw),
     )
 
 
@@ -30,11 +36,13 @@ def _same(a: SimResult, b: SimResult) -> None:
         assert getattr(a, f).dtype == np.int64
 
 
-def _messy_trace(seed: int, n: int = 80, block_size: int = 4) -> Trace:
-    """Keys drawn from a small alphabet, not chained: a prompt repeats keys, a key it misses
-    early is held later (two copies in the pool), lifetimes overlap, outputs span blocks."""
+def _messy_trace(seed: int, n: int = 80, block_size: int = 4, repeats: bool = True) -> Trace:
+    """Keys drawn from a small alphabet, not chained: a prompt repeats keys (unless `repeats`
+    is False), a key it misses early is held later (two copies in the pool), lifetimes overlap,
+    outputs span blocks."""
     rng = np.random.default_rng(seed)
-    blocks = [rng.integers(0, 12, size=int(rng.integers(0, 9))).tolist() for _ in range(n)]
+    sizes = rng.integers(0, 9, size=n)
+    blocks = [rng.choice(12, size=int(k), replace=repeats).tolist() for k in sizes]
     start = np.cumsum(rng.exponential(1.0, size=n))
     tr = make_trace(
         blocks, start=start.tolist(), end=(start + rng.exponential(2.0, size=n)).tolist()
@@ -60,6 +68,35 @@ def test_compiled_lru_equals_the_python_pool(seed: int) -> None:
     assert harmed and preempted  # harm rows and preemption are exercised
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_belady_equals_the_python_pool(seed: int) -> None:
+    """Belady's keys (next use, chain depth, block) made and popped in the kernel as
+    orders/belady.py makes them, the follow-on past started requests included. Prompts do not
+    repeat a key here: the Python order counts such a block twice (module doc)."""
+    harmed = preempted = 0
+    for tr in (random_trace(seed), _messy_trace(seed, repeats=False)):
+        for t in (tr, prompt_only(tr)):
+            for cap in (3, 8, 16, 40):
+                for head_first in (False, True):
+                    fast, slow = _both(t, cap, BeladyOrder, head_first=head_first)
+                    assert fast.policy == "belady"
+                    _same(fast, slow)
+                    harmed += len(fast.harm_request)
+                    preempted += int(fast.preempted.sum())
+    assert harmed and preempted
+
+
+def test_belady_keys_beyond_int64_are_replayed_in_python() -> None:
+    class Wide(BeladyOrder):
+        int_bits = 12  # the keys do not fit: the order is not packed
+
+    tr = random_trace(3)
+    wide = Wide()
+    wide.bind(tr, 8, start_rank(tr))
+    assert wide.packed_keys() is None and BeladyOrder.int_bits == 63
+    _same(simulate_pool(tr, 8, Wide()), simulate_pool(tr, 8, BeladyOrder(), compiled=False))
+
+
 def test_compiled_lru_on_a_trace_without_requests_or_keys() -> None:
     for tr in (make_trace([]), make_trace([[], [], []])):
         _same(*_both(tr, 4))
@@ -78,3 +115,4 @@ def test_compiled_lru_moves_running_requests_blocks_when_its_arena_fills() -> No
     for cap in (1500, 2500):  # evicting and preempting: a lost block would show
         _same(*_both(tr, cap))
         _same(*_both(tr, cap, head_first=True))
+        _same(*_both(tr, cap, BeladyOrder))

@@ -1,99 +1,153 @@
-"""vLLM's block pool under LRU, compiled: pool.py's rules in one numba kernel.
+"""The compiled pool's kernel: pool.py's rules over dense key ids, with its eviction orders.
 
-`simulate_pool` (pool.py) calls `simulate_lru_pool` for the LRU order (and for no cache) without
-a host tier. The rules are pool.py's docstring, replayed event by event in machine code: the free
-queue a doubly linked list over block ids, the blank blocks a stack, the keys as dense ids
-(key_ids.py, once per trace) so the key index is two arrays by id (the first block holding the
-key, who evicted its last copy), later blocks holding the same key a linked list per key in the
-order stored, each running request's blocks in a flat arena (as large as the blocks running
-requests hold at once).
+Everything the kernel calls is in this file: numba's disk cache checks only the file of the
+function it compiled, so code in another file would be used stale after that file changed.
 
-Contract: the same SimResult as pool.py's Python path with `LRUOrder` (cached blocks,
-preemptions, evictions, harm rows), which tests/unit/sim holds on random traces, duplicate keys,
-preemption, head-first order and no cache. Only `seconds` differs.
-
-Cost: compiled on first use and kept on disk (compiled.py); then a replay is the load of the
-cached code (~0.3-0.5 s), the keys' factorization once per trace and one pass over the events per
-capacity (measured in README's What-if replay section).
+Orders (`kind`):
+- LRU: vLLM's free block queue (orders/base.py's LRUOrder) as a doubly linked list over block
+  ids: `nxt`, `prv`, `inq` per block and `meta` = [head, tail, length]. Released blocks join at
+  the tail, a touched block leaves, victims come from the head.
+- BELADY: orders/belady.py's BeladyOrder, its keys packed in int64 (the order computes them when
+  it binds to the trace): a binary min-heap of keys with lazy deletion, `key[b]` the live key of
+  block b (-1: not evictable) and `meta` = [heap size, live blocks]. A key ends in its block id
+  (`mask` bits), so a popped key that is not its block's live one is stale and skipped. Which
+  block goes depends only on the set of live keys, so the heap's layout (and when stale entries
+  are dropped) changes nothing observable.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from kvscope.sim.caches.compiled import compiled
-from kvscope.sim.caches.key_ids import key_ids
-from kvscope.sim.caches.result import SimResult
 from kvscope.sim.caches.states import BLANK, KEYED, OPAQUE
-from kvscope.sim.trace import Trace
+
+LRU, BELADY = 0, 1  # the kernel's order kinds
 
 
-def simulate_lru_pool(
-    trace: Trace,
-    capacity_blocks: int,
-    reqs: np.ndarray,
-    kinds: np.ndarray,
-    *,
-    caching: bool = True,
-    head_first: bool = False,
-) -> SimResult:
-    """pool.py's `simulate_pool(trace, capacity_blocks, LRUOrder(), caching=..., head_first=...)`
-    with the events `reqs`/`kinds` (pool.event_order)."""
-    started = time.perf_counter()
-    n, bs = len(trace), trace.block_size
-    prompt = np.ascontiguousarray(trace.prompt_tokens, dtype=np.int64)
-    output = np.ascontiguousarray(trace.output_tokens, dtype=np.int64)
-    cached, preempted, evictions, harm = _replay(
-        np.ascontiguousarray(reqs, dtype=np.int64),
-        np.ascontiguousarray(kinds, dtype=np.int8),
-        prompt,
-        output,
-        np.ascontiguousarray(trace.offsets, dtype=np.int64),
-        *key_ids(trace.keys),
-        np.int64(bs),
-        np.int64(capacity_blocks),
-        caching,
-        head_first,
-    )
-    return SimResult(
-        policy="lru" if caching else "none",
-        capacity_blocks=capacity_blocks,
-        block_size=bs,
-        cached_blocks=cached,
-        host_blocks=np.zeros(n, dtype=np.int64),
-        prefetched_blocks=None,
-        preempted=preempted,
-        evictions=int(evictions),
-        seconds=time.perf_counter() - started,
-        **_harm_rows(harm),
-    )
+@compiled(inline="always")
+def queue_remove(
+    nxt: np.ndarray, prv: np.ndarray, inq: np.ndarray, meta: np.ndarray, b: int
+) -> None:
+    if not inq[b]:
+        return
+    inq[b] = False
+    if prv[b] >= 0:
+        nxt[prv[b]] = nxt[b]
+    else:
+        meta[0] = nxt[b]
+    if nxt[b] >= 0:
+        prv[nxt[b]] = prv[b]
+    else:
+        meta[1] = prv[b]
+    meta[2] -= 1
 
 
-def warm(trace: Trace) -> None:
-    """Load the compiled code and factorize `trace`'s keys now (simulate.prepare)."""
-    key_ids(trace.keys)
-    one = np.zeros(1, dtype=np.int64)
-    empty = np.zeros(0, dtype=np.int64)
-    _replay(empty, empty.astype(np.int8), empty, empty, one, empty.astype(np.int32), 0,
-            np.int64(1), np.int64(1), True, False)  # fmt: skip
+@compiled(inline="always")
+def queue_append(
+    nxt: np.ndarray, prv: np.ndarray, inq: np.ndarray, meta: np.ndarray, b: int
+) -> None:
+    prv[b] = meta[1]
+    nxt[b] = -1
+    if meta[1] >= 0:
+        nxt[meta[1]] = b
+    else:
+        meta[0] = b
+    meta[1] = b
+    inq[b] = True
+    meta[2] += 1
 
 
-def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
-    """The kernel's (request, evictor << 32 | (owner + 1), blocks) rows, distinct within a
-    request -> pool.harm_arrays' rows, sorted by (request, evictor, owner)."""
-    harm = harm[np.lexsort((harm[:, 1], harm[:, 0]))]
-    return {
-        "harm_request": harm[:, 0].copy(),
-        "harm_evictor": harm[:, 1] >> 32,
-        "harm_owner": (harm[:, 1] & 0xFFFFFFFF) - 1,
-        "harm_blocks": harm[:, 2].copy(),
-    }
+@compiled(inline="always")
+def queue_pop(nxt: np.ndarray, prv: np.ndarray, inq: np.ndarray, meta: np.ndarray) -> int:
+    b = meta[0]
+    meta[0] = nxt[b]
+    if meta[0] >= 0:
+        prv[meta[0]] = -1
+    else:
+        meta[1] = -1
+    inq[b] = False
+    meta[2] -= 1
+    return b
 
 
 @compiled()
-def _replay(
+def heap_push(
+    heap: np.ndarray, key: np.ndarray, meta: np.ndarray, k: int, b: int, mask: int
+) -> np.ndarray:
+    """Block b evictable under key k; returns the heap (a new array when it grew or was
+    compacted: entries no longer live are dropped when they outnumber the live ones)."""
+    key[b] = k
+    meta[1] += 1
+    if meta[0] == len(heap):
+        size = meta[0]
+        if size > 2 * meta[1] + 1024:  # mostly stale: keep the live keys (sorted: a heap)
+            kept = heap[:size][key[heap[:size] & mask] == heap[:size]]
+            heap = np.empty(max(2 * len(kept), 1024), dtype=np.int64)
+            heap[: len(kept)] = np.sort(kept)
+            meta[0] = len(kept)
+        else:
+            bigger = np.empty(2 * len(heap), dtype=np.int64)
+            bigger[:size] = heap[:size]
+            heap = bigger
+    i = meta[0]
+    meta[0] += 1
+    while i > 0:
+        parent = (i - 1) // 2
+        if heap[parent] <= k:
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = k
+    return heap
+
+
+@compiled()
+def heap_pop_live(heap: np.ndarray, key: np.ndarray, meta: np.ndarray, mask: int) -> int:
+    """The block of the smallest live key, no longer evictable."""
+    while True:
+        top = heap[0]
+        meta[0] -= 1
+        size = meta[0]
+        last = heap[size]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= size:
+                break
+            if c + 1 < size and heap[c + 1] < heap[c]:
+                c += 1
+            if heap[c] >= last:
+                break
+            heap[i] = heap[c]
+            i = c
+        if size > 0:
+            heap[i] = last
+        b = top & mask
+        if key[b] == top:
+            key[b] = -1
+            meta[1] -= 1
+            return b
+
+
+@compiled(inline="always")
+def belady_key(
+    b: int, p: int, static: np.ndarray, nxt: np.ndarray, shift: int, top: int, now: int
+) -> int:
+    """BeladyOrder.released's key of block b last used at flat position p (-1: none): its next
+    use's (far, depth), following the key's later uses past requests that already started."""
+    high = static[p] if p >= 0 else 0
+    if high < (top - now) << shift:
+        return high | b
+    q = p
+    while q >= 0 and top - (static[q] >> shift) <= now:
+        q = nxt[q]
+    far = 0 if q < 0 else static[q] >> shift
+    return (far << shift) | (high & ((1 << shift) - 1)) | b
+
+
+@compiled()
+def replay(
     reqs: np.ndarray,
     kinds: np.ndarray,
     prompt: np.ndarray,
@@ -105,9 +159,17 @@ def _replay(
     cap: int,
     caching: bool,
     head_first: bool,
+    rank: np.ndarray,
+    kind: int,
+    static: np.ndarray,
+    nxt: np.ndarray,
+    shift: int,
+    top: int,
+    mask: int,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """pool.py's replay over dense key ids: (cached blocks, preempted, evictions, harm rows
-    (request, evictor << 32 | (owner + 1), blocks), counted within each request)."""
+    (request, evictor << 32 | (owner + 1), blocks), counted within each request). `kind`: the
+    order (LRU, or BELADY with its bound keys: static .. mask)."""
     n = len(prompt)
     # per key id: the first block holding it (-1: none), who evicted its last copy
     first = np.full(nids, -1, dtype=np.int32)
@@ -125,10 +187,16 @@ def _replay(
     for j in range(cap):
         blank[j] = cap - 1 - j
     sp = cap
-    qnext = np.full(cap, -1, dtype=np.int64)  # the free queue: head evicted first
+    # the order (compiled_orders.py): LRU's free queue, or Belady's heap
+    qnext = np.full(cap, -1, dtype=np.int64)
     qprev = np.full(cap, -1, dtype=np.int64)
     inq = np.zeros(cap, dtype=np.bool_)
-    qhead, qtail, qlen = -1, -1, 0
+    qmeta = np.array([-1, -1, 0], dtype=np.int64)  # head, tail, length
+    heap = np.empty(1024, dtype=np.int64)
+    hkey = np.full(cap, -1, dtype=np.int64)  # a block's live key
+    hmeta = np.zeros(2, dtype=np.int64)  # heap size, live blocks
+    bpos = np.full(cap, -1, dtype=np.int64)  # flat position of a block's last use
+    now = -1
     # requests
     # running requests' blocks, tail first: request i's at arena[hstart[i]:hstart[i] + hn[i]],
     # appended at `pos`; when full, the running ones are moved to the front (and it grows when
@@ -163,22 +231,18 @@ def _replay(
                     if state[b] == BLANK:
                         blank[sp] = b
                         sp += 1
-                    else:  # append at the tail
-                        qprev[b] = qtail
-                        qnext[b] = -1
-                        if qtail >= 0:
-                            qnext[qtail] = b
-                        else:
-                            qhead = b
-                        qtail = b
-                        inq[b] = True
-                        qlen += 1
+                    elif kind == LRU:  # at the free queue's tail
+                        queue_append(qnext, qprev, inq, qmeta, b)
+                    else:
+                        k = belady_key(b, bpos[b], static, nxt, shift, top, now)
+                        heap = heap_push(heap, hkey, hmeta, k, b, mask)
             last = live[nlive - 1]  # i is not running any more
             live[live_at[i]] = last
             live_at[last] = live_at[i]
             nlive -= 1
             continue
 
+        now = rank[i]
         base = offsets[i]
         nkeys = offsets[i + 1] - base
         p = prompt[i]
@@ -193,19 +257,15 @@ def _replay(
                 break
             mine[h] = first[kid]
             h += 1
-        for t in range(h):  # touched: hit blocks leave the free queue
+        for t in range(h):  # touched: hit blocks are not evictable while i runs
             b = mine[t]
-            if inq[b]:
-                inq[b] = False
-                if qprev[b] >= 0:
-                    qnext[qprev[b]] = qnext[b]
-                else:
-                    qhead = qnext[b]
-                if qnext[b] >= 0:
-                    qprev[qnext[b]] = qprev[b]
-                else:
-                    qtail = qprev[b]
-                qlen -= 1
+            if kind == LRU:
+                queue_remove(qnext, qprev, inq, qmeta, b)
+            else:
+                bpos[b] = base + t
+                if hkey[b] != -1:
+                    hkey[b] = -1
+                    hmeta[1] -= 1
         cached[i] = h
         if caching:  # harm: a missed key whose last copy someone evicted, counted by who
             g0 = nharm
@@ -244,18 +304,15 @@ def _replay(
         nn = take
         rest = need - take
         if rest > 0:
-            if rest > qlen:
+            evictable = qmeta[2] if kind == LRU else hmeta[1]
+            if rest > evictable:
                 preempted[i] = True
-                rest = qlen
-            for _ in range(rest):  # victims from the head of the free queue
-                b = qhead
-                qhead = qnext[b]
-                if qhead >= 0:
-                    qprev[qhead] = -1
+                rest = evictable
+            for _ in range(rest):  # victims, in the order's order
+                if kind == LRU:
+                    b = queue_pop(qnext, qprev, inq, qmeta)
                 else:
-                    qtail = -1
-                inq[b] = False
-                qlen -= 1
+                    b = heap_pop_live(heap, hkey, hmeta, mask)
                 evictions += 1
                 new[nn] = b
                 nn += 1
@@ -326,4 +383,8 @@ def _replay(
         nop = max(0, min(full, h + nn) - h - nk)
         for t in range(nk, nn):
             state[new[t]] = OPAQUE if t < nk + nop else BLANK
+        if kind == BELADY:  # stored: the new blocks' positions (beyond the keys: none)
+            stored = min(nn, offsets[i + 1] - base - h)
+            for t in range(nn):
+                bpos[new[t]] = base + h + t if t < stored else -1
     return cached, preempted, evictions, harm[:nharm]
