@@ -1,9 +1,8 @@
 """Belady's OPT: evict the evictable block whose key is next used farthest in the future.
 
-The offline bound: the replay knows the whole trace. `next_use(trace, rank)` is one pass over
-the flat keys (a stable sort by key of the positions in start order, then each position's
-successor in its group): for every flat position p, the start rank of the next request that
-contains the same key, or `NEVER`. A block's next use is taken from the position where its key
+The offline bound: the replay knows the whole trace. `next_use(trace, rank)` (next_use.py) gives
+every flat position p the next position holding the same key in start order and the start rank
+of its request, or `NEVER`. A block's next use is taken from the position where its key
 was last stored or hit; if that request already started without using the block (it missed an
 earlier block of its chain, so it stored a copy), the chain is followed to the first request
 not yet started. Blocks whose key is never used again (and opaque output blocks) go first.
@@ -17,35 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvscope.sim.orders.base import KeyedHeapOrder
+from kvscope.sim.orders.next_use import NEVER, next_use
 from kvscope.sim.trace import Trace
-
-NEVER = np.iinfo(np.int64).max
-
-
-def next_use(trace: Trace, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(next position, next rank) per flat position: the next occurrence of the same key in a
-    later-starting request (-1 / NEVER if none). Positions are int32 when they fit."""
-    counts = np.diff(trace.offsets)
-    total = len(trace.keys)
-    itype = np.int32 if total < 2**31 - 1 else np.int64
-    by_rank = np.argsort(rank, kind="stable")
-    c = counts[by_rank]  # flat positions, requests in start order
-    pos = np.repeat((trace.offsets[:-1][by_rank] - (np.cumsum(c) - c)).astype(itype), c)
-    pos += np.arange(total, dtype=itype)
-    kp = trace.keys[pos]  # keys in start order
-    o = np.argsort(kp, kind="stable")  # grouped by key, each group in start order
-    ks = kp[o]
-    del kp
-    same = ks[1:] == ks[:-1]  # o[j + 1] is o[j]'s next use
-    del ks
-    s = pos[o]
-    del pos
-    nxt = np.full(total, -1, dtype=itype)
-    nxt[s[:-1]] = np.where(same, s[1:], -1)
-    del s, o, same
-    # gathered along nxt, which mostly points a few requests ahead: cache-friendly
-    nrank = np.where(nxt >= 0, np.repeat(rank, counts)[nxt], NEVER)
-    return nxt, nrank
 
 
 class BeladyOrder(KeyedHeapOrder):
