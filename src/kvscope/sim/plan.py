@@ -257,9 +257,11 @@ def run_plan(
     the cells run on that many forked processes (sim.grid.run_cells: the same results in the
     same order, the same errors); 1: one after another, in this process."""
     trace = source.trace
-    prepare(trace, plan.policies)  # before the cells fork: what they share, done once
     cells = [(p, c) for p in plan.policies for c in plan.capacities]
-    in_order = run_cells(partial(run_cell, source, plan, ms_per_token), cells, jobs, on_done)
+    blocks = [(p, c // trace.block_size) for p, c in cells]
+    compiled = prepare(trace, blocks, plan.engine)  # before the cells fork: done once
+    cell = partial(run_cell, source, plan, ms_per_token, compiled=compiled)
+    in_order = run_cells(cell, cells, jobs, on_done)
     summaries = [summary for summary, _ in in_order]
     found = None
     for _, cell_fidelity in in_order:  # the last matching cell's, as the sequential loop kept
@@ -274,7 +276,12 @@ def run_plan(
 
 
 def run_cell(
-    source: Source, plan: Plan, ms_per_token: float | None, policy: str, cap: int
+    source: Source,
+    plan: Plan,
+    ms_per_token: float | None,
+    policy: str,
+    cap: int,
+    compiled: bool | None = None,
 ) -> tuple[Summary, Fidelity | None]:
     """`policy` at `cap` tokens under `plan`'s semantics: its summary, and the fidelity replay
     when this cell is the engine's own replay (its policy at the run's capacity, no host tier,
@@ -285,7 +292,7 @@ def run_cell(
     engine = plan.engine or ("sglang" if policy in HINT_POLICIES else None)
     semantics = {"engine": engine} if engine else {}
     blocks = cap // trace.block_size
-    result = simulate(trace, policy, blocks, **semantics, **tier, **caching)
+    result = simulate(trace, policy, blocks, **semantics, **tier, **caching, compiled=compiled)
     summary = summarize(trace, result, ms_per_token, plan.load_ms_per_block)
     own = source.policy if source.kind == "run" else None
     run_cap = trace.capacity_tokens

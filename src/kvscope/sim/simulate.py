@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from kvscope.sim.caches.compiled import worth_compiling
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.pool import simulate_pool
 from kvscope.sim.caches.radix import RADIX_POLICIES, simulate_radix
@@ -81,6 +82,7 @@ def simulate(
     prefetch: bool = False,
     cache_outputs: bool = True,
     in_request: str = "tail-first",
+    compiled: bool | None = None,
 ) -> SimResult:
     """Replay `trace` through a prefix cache of `capacity_blocks` blocks under `policy`.
 
@@ -89,7 +91,8 @@ def simulate(
     i's priority, used by "priority" (and the hint policies) only; on "sglang" the trace's
     own by default. A hint policy the trace or engine cannot replay is a KvscopeError.
     `cache_outputs=False`: the cache holds prompts' full blocks only; `in_request`: which of a
-    request's blocks is evicted first (module doc).
+    request's blocks is evicted first (module doc). `compiled`: whether vLLM's pool runs compiled
+    where it can (caches/pool.py; None: where the trace is large enough for it to pay).
     """
     if in_request not in IN_REQUEST:
         raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
@@ -104,19 +107,26 @@ def simulate(
         priorities=priorities,
         prefetch=prefetch,
         head_first=in_request == IN_REQUEST[1],
+        compiled=compiled,
     )
     caching = CACHING[0] if cache_outputs else CACHING[1]
     return replace(result, caching=caching, in_request=in_request)
 
 
-def prepare(trace: Trace, policies: Sequence[str]) -> None:
-    """Work that every cell of a sweep over `trace` shares, done once (before a grid forks its
-    workers, which inherit it): the compiled pool (LRU's, Belady's, no cache's) loads its code
-    and factorizes the trace's keys."""
-    if {"lru", "belady", "none"} & set(policies):
-        from kvscope.sim.caches.pool_compiled import warm
+COMPILED_POLICIES = ("lru", "belady", "none")  # what vLLM's compiled pool runs
 
-        warm(trace)
+
+def prepare(trace: Trace, cells: Sequence[tuple[str, int]], engine: str | None = None) -> bool:
+    """Whether the (policy, capacity) `cells` of a sweep over `trace` run vLLM's pool compiled
+    (their blocks together make it pay: compiled.worth_compiling); if so its code is loaded and
+    the trace's keys factorized now, once (before a grid forks its workers, which inherit it)."""
+    n = sum(p in COMPILED_POLICIES for p, _ in cells) if engine in (None, "vllm") else 0
+    if not n or not worth_compiling(n * len(trace.keys)):
+        return False
+    from kvscope.sim.caches.pool_compiled import warm
+
+    warm(trace)
+    return True
 
 
 def _simulate(
@@ -129,6 +139,7 @@ def _simulate(
     priorities: Sequence[float] | None,
     prefetch: bool,
     head_first: bool,
+    compiled: bool | None,
 ) -> SimResult:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -143,7 +154,12 @@ def _simulate(
         return replace(result, policy=policy)
     if policy == "none":
         return simulate_pool(
-            trace, capacity_blocks, LRUOrder(), caching=False, head_first=head_first
+            trace,
+            capacity_blocks,
+            LRUOrder(),
+            caching=False,
+            head_first=head_first,
+            compiled=compiled,
         )
     host = HostTier(host_blocks, prefetch=prefetch) if host_blocks > 0 else None
     if engine == "sglang":
@@ -153,4 +169,6 @@ def _simulate(
             priorities = trace.priorities
         return simulate_radix(trace, policy, capacity_blocks, priorities)
     order = make_order(policy, priorities)
-    return simulate_pool(trace, capacity_blocks, order, host=host, head_first=head_first)
+    return simulate_pool(
+        trace, capacity_blocks, order, host=host, head_first=head_first, compiled=compiled
+    )

@@ -94,7 +94,8 @@ def test_belady_keys_beyond_int64_are_replayed_in_python() -> None:
     wide = Wide()
     wide.bind(tr, 8, start_rank(tr))
     assert wide.packed_keys() is None and BeladyOrder.int_bits == 63
-    _same(simulate_pool(tr, 8, Wide()), simulate_pool(tr, 8, BeladyOrder(), compiled=False))
+    fallback = simulate_pool(tr, 8, Wide(), compiled=True)  # the kernel declines it
+    _same(fallback, simulate_pool(tr, 8, BeladyOrder(), compiled=False))
 
 
 def test_compiled_lru_on_a_trace_without_requests_or_keys() -> None:
@@ -116,3 +117,18 @@ def test_compiled_lru_moves_running_requests_blocks_when_its_arena_fills() -> No
         _same(*_both(tr, cap))
         _same(*_both(tr, cap, head_first=True))
         _same(*_both(tr, cap, BeladyOrder))
+
+
+def test_a_sweep_runs_compiled_where_its_blocks_together_pay_for_it() -> None:
+    """simulate.prepare: 1,000,000 blocks to replay (keys x compiled cells) or more; the trace's
+    keys are factorized then, once; vLLM's compiled policies only."""
+    from kvscope.sim.caches import key_ids
+    from kvscope.sim.simulate import prepare
+
+    tr = make_trace([list(range(k, k + 100)) for k in range(0, 250_000, 100)])  # 250k keys
+    key_ids._memo.clear()
+    assert not prepare(tr, [("lru", 64), ("belady", 64), ("steps-to-execution", 64)])
+    assert not key_ids._memo
+    assert not prepare(tr, [("lru", c) for c in range(8)], engine="sglang")
+    assert prepare(tr, [("lru", c) for c in range(3)] + [("none", 9)])
+    assert key_ids._memo and key_ids._memo[0][0] is tr.keys

@@ -52,6 +52,7 @@ from itertools import repeat
 
 import numpy as np
 
+from kvscope.sim.caches.compiled import worth_compiling
 from kvscope.sim.caches.events import event_order, start_rank
 from kvscope.sim.caches.host_tier import HostTier
 from kvscope.sim.caches.result import SimResult
@@ -78,7 +79,7 @@ def simulate_pool(
     caching: bool = True,
     host: HostTier | None = None,
     head_first: bool = False,
-    compiled: bool = True,
+    compiled: bool | None = None,
 ) -> SimResult:
     """Replay `trace` through a vLLM block pool of `capacity_blocks` usable blocks.
 
@@ -87,10 +88,13 @@ def simulate_pool(
     the free queue first block first (its first block is evicted first, as kvlint's and
     prefixlens' LRU do), not vLLM's tail first. `compiled`: an order pool_compiled.py runs (LRU,
     Belady) without a host tier replays in its compiled kernel (the same result); False, or any
-    other order: this Python replay.
+    other order: this Python replay; None: compiled where the trace is large enough for it to pay
+    (compiled.worth_compiling).
     """
     rank = start_rank(trace)
     order.bind(trace, capacity_blocks, rank)
+    if compiled is None:
+        compiled = worth_compiling(len(trace.keys))
     if compiled and host is None:
         from kvscope.sim.caches.pool_compiled import simulate_compiled
 
