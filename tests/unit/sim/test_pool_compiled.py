@@ -98,6 +98,27 @@ def test_belady_keys_beyond_int64_are_replayed_in_python() -> None:
     _same(fallback, simulate_pool(tr, 8, BeladyOrder(), compiled=False))
 
 
+def test_a_pool_larger_than_the_trace_needs_is_replayed_as_the_blocks_it_takes() -> None:
+    """The kernel sizes its arrays by min(capacity, the blocks all requests take together):
+    the same result as the Python pool with every block of a huge capacity."""
+    tr = random_trace(4)
+    demand = int(np.maximum(-(-(tr.prompt_tokens + tr.output_tokens - 1) // 4), 0).sum())
+    for cap in (demand - 1, demand, demand + 1, 2_000_000):
+        for order in (LRUOrder, BeladyOrder):
+            fast, slow = _both(tr, cap, order)
+            _same(fast, slow)
+            assert fast.capacity_blocks == cap and fast.evictions == 0
+    # all running at once, nothing shared: every block is needed together
+    held = make_trace([[10 * i + j for j in range(3)] for i in range(5)],
+                      start=[0, 1, 2, 3, 4], end=[100] * 5, output=9)  # fmt: skip
+    need = int(np.maximum(-(-(held.prompt_tokens + held.output_tokens - 1) // 4), 0).sum())
+    assert _both(held, need - 1)[0].preempted.any()
+    for cap in (need, 10**6):
+        fast, slow = _both(held, cap)
+        _same(fast, slow)
+        assert not fast.preempted.any()
+
+
 def test_compiled_lru_on_a_trace_without_requests_or_keys() -> None:
     for tr in (make_trace([]), make_trace([[], [], []])):
         _same(*_both(tr, 4))

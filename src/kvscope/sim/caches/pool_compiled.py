@@ -51,16 +51,21 @@ def simulate_compiled(
         return None
     started = time.perf_counter()
     n, bs = len(trace), trace.block_size
+    prompt = np.ascontiguousarray(trace.prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(trace.output_tokens, dtype=np.int64)
+    # a pool larger than every block the requests take together behaves as that many blocks
+    # (none is ever evicted): an 'unbounded' capacity costs the trace's blocks, not its own
+    demand = int(np.maximum(-(-(prompt + output - 1) // bs), 0).sum())
     reqs, kinds = event_order(trace)
     cached, preempted, evictions, harm = replay(
         reqs.astype(np.int64),
         kinds.astype(np.int8),
-        np.ascontiguousarray(trace.prompt_tokens, dtype=np.int64),
-        np.ascontiguousarray(trace.output_tokens, dtype=np.int64),
+        prompt,
+        output,
         np.ascontiguousarray(trace.offsets, dtype=np.int64),
         *key_ids(trace.keys),
         np.int64(bs),
-        np.int64(capacity_blocks),
+        np.int64(max(min(capacity_blocks, demand), 1)),
         caching,
         head_first,
         np.ascontiguousarray(rank, dtype=np.int64),
