@@ -18,8 +18,19 @@ from kvscope.sim.inputs.sources import load_source
 PATHOLOGY = ROOT / "tests" / "fixtures" / "replay" / "pathology"
 
 
+SEPARATORS: dict[str, tuple[str, str]] = {"now": (", ", ": ")}
+
+
+@pytest.fixture(autouse=True, params=["spaced", "compact"])
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test on lines as json.dumps writes them by default and compact, as orjson does:
+    both are read a chunk at a time (sim/inputs/chunks.py), refused line by line."""
+    seps = (", ", ": ") if request.param == "spaced" else (",", ":")
+    monkeypatch.setitem(SEPARATORS, "now", seps)
+
+
 def _write(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r, separators=SEPARATORS["now"]) + "\n" for r in rows))
     return path
 
 

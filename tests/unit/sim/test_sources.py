@@ -10,8 +10,9 @@ import pytest
 from helpers import ROOT
 
 from kvscope.errors import KvscopeError
-from kvscope.sim.inputs import jsonl
+from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
+from kvscope.sim.inputs.rows import KeyChunks
 from kvscope.sim.inputs.schedule import scheduled_start
 from kvscope.sim.inputs.sources import load_source
 from kvscope.sim.results.summary import summarize
@@ -108,12 +109,14 @@ def test_a_mooncake_trace_keeps_the_ids_of_full_blocks_only(tmp_path: Path) -> N
     assert list(trace.start_s) == [0.0, 1.0] and list(trace.end_s) == [0.0, 1.0]
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 4096])
+@pytest.mark.parametrize(("chunk", "chunk_bytes"), [(1, 1), (2, 100), (4096, 1 << 20)])
 def test_lines_out_of_time_order_keep_their_keys(
-    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, chunk: int, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Keys are gathered a chunk of lines at a time; sorting by time keeps each line's own."""
-    monkeypatch.setattr(jsonl.KeyChunks, "CHUNK", chunk)
+    """Lines are read and keys gathered a chunk at a time; sorting by time keeps each line's
+    own."""
+    monkeypatch.setattr(KeyChunks, "CHUNK", chunk)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
     times = [5, 1, 3, 0, 4]
     ids = [[1, 2, 3], [4], [], [5, 6], [1 << 63, 8, 9, 10]]
     lines = [
@@ -213,7 +216,7 @@ def test_an_attached_engine_is_replayed_with_its_detected_family(tmp_path: Path)
 def test_token_ids_are_lifted_into_an_array_only_when_plain(
     text: bytes, lifted: list | None
 ) -> None:
-    ids, rest = jsonl.lifted_ids(text, b'"token_ids":[')
+    ids, rest = chunks.lifted_ids(text, b'"token_ids":[')
     if lifted is None:
         assert ids is None and rest == text
     else:

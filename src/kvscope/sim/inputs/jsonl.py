@@ -1,12 +1,13 @@
 """The two JSONL trace formats (sim/inputs/sources.py describes them) read into a Trace.
 
-Lines are parsed by orjson; id lists become numpy arrays in one call each and are checked whole
-(dtype, minimum), never token by token in Python. A token-id line's `token_ids` written compact
-(digits between single commas, as orjson and json.dumps(separators=(",", ":")) write them) is
-read by numpy straight from the line's bytes (`lifted_ids`), no Python int per token, and so is
-a Mooncake line's compact `hash_ids`; any other form goes through orjson and the checks. A
-token-id trace's prompts are hashed into block keys a batch of about `blockkey.BATCH_TOKENS`
-tokens at a time while the file is read, so only the keys (one per block) stay in memory, not
+The file is read a chunk of lines at a time (sim/inputs/chunks.py): a chunk's id lists (a
+token-id line's `token_ids`, a Mooncake line's `hash_ids`) are read by numpy from the lines'
+bytes at once, and its fields are checked a column at a time (`_mooncake_whole`,
+`_tokens_whole`). A chunk where a check fails, or whose lists are in another form, is read again
+line by line (`_mooncake_lines`, `_tokens_lines`), which refuses the first bad line with its
+number, or reads lists numpy could not (ids of 2**63 or more) through orjson, checked whole
+(dtype, minimum), never id by id in Python. A token-id trace's prompts are hashed into block keys
+a chunk at a time while the file is read, so only the keys (one per block) stay in memory, not
 the token ids.
 
 What is refused, each as a KvscopeError naming the file, the line and the field: a line that is
@@ -20,67 +21,19 @@ trace's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from kvscope.errors import KvscopeError
-from kvscope.records.blockkey import BATCH_TOKENS
-from kvscope.sim.trace import Trace, chain_keys
-
-
-def lines(
-    path: Path, lift: str | None = None, dtype: type = np.int64
-) -> Iterator[tuple[int, dict[str, Any], bytes]]:
-    """(line number from 1, object, the line) per non-blank line; a line that is not a JSON
-    object fails. `lift`: a field holding a list of ids, read by `lifted_ids` straight into
-    an array of `dtype` where it can be (row[lift] is that array then), not as Python ints."""
-    key = None if lift is None else b'"' + lift.encode() + b'":['
-    with path.open("rb", buffering=1 << 20) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            ids, rest = lifted_ids(line, key, dtype) if key else (None, line)
-            try:
-                row = orjson.loads(rest)
-            except orjson.JSONDecodeError as err:
-                raise KvscopeError(f"{path}:{n}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise KvscopeError(f"{path}:{n}: not a JSON object")
-            if ids is not None:
-                if row.get(lift) != []:  # not where it seemed: read the whole line instead
-                    row = orjson.loads(line)
-                else:
-                    row[lift] = ids  # type: ignore[index]
-            yield n, row, line
-
-
-def lifted_ids(line: bytes, key: bytes, dtype: type = np.int64) -> tuple[np.ndarray | None, bytes]:
-    """(the ids of the list that follows `key` (`"name":[`) as `dtype` (int64 or uint64), the
-    line with the list emptied) when that list is compact decimal integers (digits between
-    single commas) below dtype's maximum; else (None, line): the caller parses it whole (and
-    refuses what is wrong)."""
-    a = line.find(key)
-    if a < 0:
-        return None, line
-    a += len(key)
-    b = line.find(b"]", a)
-    text = line[a:b]
-    if b < 0 or text.translate(None, b"0123456789,"):
-        return None, line
-    if not text:
-        ids = np.zeros(0, dtype=dtype)
-    elif b",," in text or text[:1] == b"," or text[-1:] == b",":
-        return None, line
-    else:
-        ids = np.fromstring(text, dtype=dtype, sep=",")  # C strtoll/strtoull: saturates
-        if len(ids) != text.count(b",") + 1 or (len(ids) and ids.max() == np.iinfo(dtype).max):
-            return None, line
-    return ids, line[:a] + line[b:]
+from kvscope.records import blockkey
+from kvscope.records.blockkey import within
+from kvscope.sim.inputs import chunks
+from kvscope.sim.inputs.chunks import Chunk
+from kvscope.sim.inputs.rows import Columns, KeyChunks, Rows
+from kvscope.sim.trace import Trace
 
 
 def field_of(
@@ -158,121 +111,6 @@ def _what(v: Any) -> str:
     return "a non-integer id"
 
 
-def _previous_agents(agents: list[str | None], workflows: list[str | None]) -> list[str | None]:
-    """Each request's previous agent: the agent of the previous request of its workflow."""
-    last: dict[str | None, str | None] = {}
-    out: list[str | None] = []
-    for agent, workflow in zip(agents, workflows, strict=True):
-        out.append(last.get(workflow))
-        last[workflow] = agent
-    return out
-
-
-@dataclass
-class Rows:
-    """Parsed JSONL requests, in file order, before sorting into a Trace."""
-
-    ids: list[str] = field(default_factory=list)
-    start_ms: list[float] = field(default_factory=list)
-    end_ms: list[float] = field(default_factory=list)
-    prompt: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    agents: list[str | None] = field(default_factory=list)
-    workflows: list[str | None] = field(default_factory=list)
-    previous: list[str | bool | None] = field(default_factory=list)  # False: not given
-
-    def add(self, path: Path, n: int, row: dict[str, Any], rid: str, start: float) -> None:
-        self.ids.append(rid)
-        self.start_ms.append(start)
-        self.end_ms.append(max(_ms(path, n, row, "end_timestamp", start), start))
-        self.agents.append(row.get("agent"))
-        self.workflows.append(row.get("workflow"))
-        self.previous.append(row.get("previous_agent", False))
-
-    def trace(self, source: Path, block_size: int, keys: KeyChunks) -> Trace:
-        if not self.ids:
-            raise KvscopeError(f"{source} is empty: no requests to replay")
-        order = np.argsort(np.array(self.start_ms), kind="stable")
-        pick = [int(i) for i in order]
-        derived = _previous_agents(
-            [self.agents[i] for i in pick], [self.workflows[i] for i in pick]
-        )
-        previous = [
-            derived[j] if self.previous[i] is False else self.previous[i]
-            for j, i in enumerate(pick)
-        ]
-        flat, counts = keys.sorted(order)
-        offsets = np.zeros(len(pick) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        return Trace(
-            source=str(source),
-            block_size=block_size,
-            request_ids=tuple(self.ids[i] for i in pick),
-            start_s=np.array([self.start_ms[i] for i in pick], dtype=np.float64) / 1e3,
-            end_s=np.array([self.end_ms[i] for i in pick], dtype=np.float64) / 1e3,
-            prompt_tokens=np.array([self.prompt[i] for i in pick], dtype=np.int64),
-            output_tokens=np.array([self.output[i] for i in pick], dtype=np.int64),
-            keys=flat,
-            offsets=offsets,
-            agents=tuple(self.agents[i] for i in pick),
-            workflows=tuple(self.workflows[i] for i in pick),
-            previous_agents=tuple(previous),  # type: ignore[arg-type]
-        )
-
-
-class KeyChunks:
-    """Requests' block keys in file order, gathered a few thousand requests at a time into
-    flat uint64 chunks: the per-line arrays are freed as the file is read (their memory is
-    reused for the next lines), not held until the end."""
-
-    CHUNK = 4096  # requests per chunk
-
-    def __init__(self) -> None:
-        self.chunks: list[np.ndarray] = []
-        self.pending: list[np.ndarray] = []
-        self.counts: list[int] = []
-
-    def add(self, keys: np.ndarray) -> None:
-        self.pending.append(keys.astype(np.uint64, copy=False))  # int64 and uint64 mix as floats
-        self.counts.append(len(keys))
-        if len(self.pending) >= self.CHUNK:
-            self.flush()
-
-    def add_flat(self, flat: np.ndarray, counts: np.ndarray) -> None:
-        """Several requests' keys at once (`counts[i]` of them for the i-th)."""
-        self.flush()
-        self.chunks.append(flat.astype(np.uint64, copy=False))
-        self.counts += counts.tolist()
-
-    def flush(self) -> None:
-        if self.pending:
-            self.chunks.append(np.concatenate(self.pending).astype(np.uint64, copy=False))
-            self.pending = []
-
-    def sorted(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, counts) with requests in `order` (indices in file order)."""
-        self.flush()
-        chunks, self.chunks = self.chunks, []
-        flat = chunks[0] if len(chunks) == 1 else np.concatenate(chunks or [np.zeros(0)])
-        del chunks
-        flat = flat.astype(np.uint64, copy=False)
-        counts = np.array(self.counts, dtype=np.int64)
-        if len(order) and (order[1:] > order[:-1]).all():  # already in order: no copy
-            return flat, counts
-        starts = np.zeros(len(counts), dtype=np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
-        picked = counts[order]
-        out = np.empty(len(flat), dtype=np.uint64)
-        at = 0
-        for lo in range(0, len(order), self.CHUNK):  # gathered a chunk of requests at a time
-            part, size = order[lo : lo + self.CHUNK], picked[lo : lo + self.CHUNK]
-            n = int(size.sum())
-            shift = np.repeat(starts[part] - (np.cumsum(size) - size), size)
-            out[at : at + n] = flat[shift + np.arange(n)]
-            at += n
-        return out, picked
-
-
 def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int) -> None:
     """hash_ids must be the blocks of `length` tokens: between the full ones and all of them."""
     full, blocks = length // block_size, -(-length // block_size)
@@ -290,20 +128,102 @@ def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int
     )
 
 
+# --- Mooncake ------------------------------------------------------------------------------------
+
+
 def read_mooncake(path: Path, block_size: int) -> Trace:
     """A Mooncake trace: `hash_ids` are the block keys (see the module doc)."""
     rows, keys = Rows(), KeyChunks()
-    for n, row, line in lines(path, lift="hash_ids", dtype=np.uint64):
-        start = float(field_of(path, n, row, "timestamp", (int, float)))
-        length = length_of(path, n, row, "input_length")
-        output = length_of(path, n, row, "output_length")
-        hash_ids = ids_of(path, n, row, "hash_ids", line)
-        _block_size_check(path, n, len(hash_ids), length, block_size)
-        rows.prompt.append(length)
-        rows.output.append(output)
-        keys.add(hash_ids[: length // block_size])
-        rows.add(path, n, row, str(row.get("request_id", f"line-{n}")), start)
+    for chunk in chunks.read(path, "hash_ids", np.uint64):
+        columns, flat, counts = _mooncake_whole(chunk, block_size) or _mooncake_lines(
+            path, chunk, block_size
+        )
+        rows.add(columns)
+        keys.add_flat(flat, counts)
     return rows.trace(path, block_size, keys)
+
+
+Read = tuple[Columns, np.ndarray, np.ndarray]  # a chunk's columns, keys flat, keys per request
+
+
+def _mooncake_whole(chunk: Chunk, block_size: int) -> Read | None:
+    """The chunk's columns and keys checked a column at a time; None where a check fails."""
+    rows, counts = chunk.rows, chunk.counts
+    start = chunks.numbers_of(rows, "timestamp", (int, float), np.float64)
+    length = chunks.numbers_of(rows, "input_length", (int,), np.int64)
+    output = chunks.numbers_of(rows, "output_length", (int,), np.int64)
+    end = chunks.numbers_of(rows, "end_timestamp", (int, float, type(None)), np.float64)
+    if chunk.ids is None or counts is None or start is None or length is None:
+        return None
+    if output is None or end is None or min(length.min(), output.min()) < 0:
+        return None
+    full = length // block_size
+    if ((counts < full) | (counts > -(-length // block_size))).any():
+        return None
+    keep = counts.copy() if (counts == full).all() else np.minimum(counts, full)
+    flat = (
+        chunk.ids if (keep == counts).all() else chunk.ids[within(counts) < np.repeat(keep, counts)]
+    )
+    ids = [
+        str(r["request_id"]) if "request_id" in r else f"line-{n}"
+        for r, n in zip(rows, chunk.numbers, strict=True)
+    ]
+    return _columns(rows, ids, start, end, length, output), flat, keep
+
+
+def _mooncake_lines(path: Path, chunk: Chunk, block_size: int) -> Read:
+    """The chunk checked line by line: the first bad line's KvscopeError, else its Read."""
+    ids, start, end, length, output, keys = [], [], [], [], [], []
+    lifted = _lifted(chunk)
+    for i, (n, row) in enumerate(zip(chunk.numbers, chunk.rows, strict=True)):
+        start.append(float(field_of(path, n, row, "timestamp", (int, float))))
+        end.append(_ms(path, n, row, "end_timestamp", math.nan))
+        length.append(length_of(path, n, row, "input_length"))
+        output.append(length_of(path, n, row, "output_length"))
+        hash_ids = lifted[i]
+        if hash_ids is None:
+            hash_ids = ids_of(path, n, row, "hash_ids", chunk.lines[i])
+        _block_size_check(path, n, len(hash_ids), length[-1], block_size)
+        keys.append(hash_ids[: length[-1] // block_size].astype(np.uint64))
+        ids.append(str(row.get("request_id", f"line-{n}")))
+    counts = np.array([len(k) for k in keys], dtype=np.int64)
+    flat = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
+    times = (np.array(v, dtype=np.float64) for v in (start, end))
+    lengths = (np.array(v, dtype=np.int64) for v in (length, output))
+    return _columns(chunk.rows, ids, *times, *lengths), flat, counts
+
+
+def _lifted(chunk: Chunk) -> list[np.ndarray | None]:
+    """Each row's lifted ids (None: the chunk's are not lifted)."""
+    if chunk.ids is None or chunk.counts is None:
+        return [None] * len(chunk)
+    return np.split(chunk.ids, np.cumsum(chunk.counts)[:-1])
+
+
+def _columns(
+    rows: list[dict[str, Any]],
+    ids: list[str],
+    start: np.ndarray,
+    end: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+) -> Columns:
+    """A chunk's Columns; an end not given (NaN) or before the start is the start."""
+    start = start.astype(np.float64, copy=False)
+    end = np.maximum(np.where(np.isnan(end), start, end), start)
+    return Columns(
+        ids,
+        start,
+        end,
+        prompt.astype(np.int64, copy=False),
+        output.astype(np.int64, copy=False),
+        [r.get("agent") for r in rows],
+        [r.get("workflow") for r in rows],
+        [r.get("previous_agent", False) for r in rows],
+    )
+
+
+# --- token ids -----------------------------------------------------------------------------------
 
 
 class _Hasher:
@@ -311,36 +231,77 @@ class _Hasher:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.pending: list[np.ndarray] = []
-        self.tokens = 0
         self.keys = KeyChunks()  # per prompt, in the order added
 
-    def add(self, ids: np.ndarray) -> None:
-        self.pending.append(ids)
-        self.tokens += len(ids)
-        if self.tokens >= BATCH_TOKENS:
-            self.flush()
+    def add(self, flat: np.ndarray, counts: np.ndarray) -> None:
+        """Prompts laid end to end in `flat`, `counts[i]` tokens for the i-th."""
+        keys, _, offsets = blockkey.prompt_blocks(_Flat(flat, counts), self.block_size, False)
+        self.keys.add_flat(keys, np.diff(offsets))
 
-    def flush(self) -> None:
-        if self.pending:
-            keys, offsets = chain_keys(self.pending, self.block_size)
-            self.keys.add_flat(keys, np.diff(offsets))
-        self.pending, self.tokens = [], 0
+
+class _Flat:
+    """Prompts laid end to end as blockkey.Batches."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.flat, self.lengths = flat, lengths
+        self.starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.starts[1:])
+
+    def concat(self, lo: int, hi: int) -> np.ndarray:
+        return self.flat[self.starts[lo] : self.starts[hi]]
 
 
 def read_token_trace(path: Path, block_size: int) -> tuple[Trace, list[str]]:
     """A token-id trace: keys are chained from the token ids (see the module doc); and notes."""
     rows, hasher = Rows(), _Hasher(block_size)
     no_output = 0
-    for n, row, line in lines(path, lift="token_ids"):
-        rid = str(field_of(path, n, row, "request_id", (str, int)))
-        tokens = ids_of(path, n, row, "token_ids", line)
-        given = row.get("output_length") is not None
-        no_output += not given
-        rows.output.append(length_of(path, n, row, "output_length") if given else 0)
-        hasher.add(tokens)
-        rows.prompt.append(len(tokens))
-        rows.add(path, n, row, rid, _ms(path, n, row, "timestamp", float(len(rows.ids))))
-    hasher.flush()
+    for chunk in chunks.read(path, "token_ids"):
+        read = _tokens_whole(chunk, rows.count) or _tokens_lines(path, chunk, rows.count)
+        columns, flat, counts, missing = read
+        no_output += missing
+        rows.add(columns)
+        hasher.add(flat, counts)
     notes = [f"{no_output} requests without output_length: replayed with 0"] if no_output else []
     return rows.trace(path, block_size, hasher.keys), notes
+
+
+def _tokens_whole(chunk: Chunk, before: int) -> tuple[Columns, np.ndarray, np.ndarray, int] | None:
+    """The chunk checked a column at a time (`before`: requests in the chunks before it)."""
+    rows = chunk.rows
+    rids = chunks.column(rows, "request_id", (str, int))
+    start = chunks.numbers_of(rows, "timestamp", (int, float, type(None)), np.float64)
+    end = chunks.numbers_of(rows, "end_timestamp", (int, float, type(None)), np.float64)
+    given = chunks.column(rows, "output_length", (int, type(None)))
+    if chunk.ids is None or chunk.counts is None or rids is None or start is None:
+        return None
+    if end is None or given is None:
+        return None
+    output = np.array([0 if v is None else v for v in given], dtype=np.int64)
+    if len(output) and output.min() < 0:
+        return None
+    start = np.where(np.isnan(start), before + np.arange(len(rows), dtype=np.float64), start)
+    ids = [r if type(r) is str else str(r) for r in rids]
+    columns = _columns(rows, ids, start, end, chunk.counts, output)
+    return columns, chunk.ids, chunk.counts, given.count(None)
+
+
+def _tokens_lines(
+    path: Path, chunk: Chunk, before: int
+) -> tuple[Columns, np.ndarray, np.ndarray, int]:
+    """The chunk checked line by line: the first bad line's KvscopeError, else its columns."""
+    ids, start, end, output, tokens = [], [], [], [], []
+    missing, lifted = 0, _lifted(chunk)
+    for i, (n, row) in enumerate(zip(chunk.numbers, chunk.rows, strict=True)):
+        ids.append(str(field_of(path, n, row, "request_id", (str, int))))
+        own = lifted[i]
+        tokens.append(ids_of(path, n, row, "token_ids", chunk.lines[i]) if own is None else own)
+        given = row.get("output_length") is not None
+        missing += not given
+        output.append(length_of(path, n, row, "output_length") if given else 0)
+        start.append(_ms(path, n, row, "timestamp", float(before + i)))
+        end.append(_ms(path, n, row, "end_timestamp", math.nan))
+    counts = np.array([len(t) for t in tokens], dtype=np.int64)
+    flat = blockkey.as_batches(tokens).concat(0, len(tokens))
+    arrays = (np.array(v, dtype=float) for v in (start, end))
+    columns = _columns(chunk.rows, ids, *arrays, counts, np.array(output, dtype=np.int64))
+    return columns, flat, counts, missing

@@ -39,7 +39,7 @@ from kvscope.errors import KvscopeError
 from kvscope.records.requests import STATUS_OK
 from kvscope.records.run_dir import RunDir
 from kvscope.records.tokens import TOKENS_ARROW
-from kvscope.sim.inputs import jsonl
+from kvscope.sim.inputs import chunks, jsonl
 from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -80,7 +80,7 @@ def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
         return load_run(RunDir.open(path), block_size)
-    first = next(jsonl.lines(path), None)
+    first = next(chunks.lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")
     _, row, _ = first

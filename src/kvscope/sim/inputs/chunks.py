@@ -1,0 +1,209 @@
+"""A JSONL trace read a chunk of lines at a time, its id lists parsed by numpy a chunk at once.
+
+`read(path, lift, dtype)` yields `Chunk`s of about CHUNK_BYTES of whole lines. Each line is
+parsed by orjson with the list of ids in field `lift` emptied; the chunk's lists, when every one
+is plain decimal integers (digits, commas and spaces, as orjson and json.dumps write them), are
+joined and read by one `np.fromstring` into a flat array with a count per line, no Python int
+per id. A chunk where that does not hold (another form, a line that is not JSON, a field that
+is not where it seemed) comes with `ids` None and each line parsed whole (sim/inputs/jsonl.py
+`lines`, which refuses what is wrong with the line's number): the readers check such a chunk
+line by line. Columns are taken from a chunk's objects whole (`column`): a type check over
+the set of types, never a value at a time in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from kvscope.errors import KvscopeError
+
+CHUNK_BYTES = 1 << 20
+_PLAIN = b"0123456789, "  # what a list read by np.fromstring may hold
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Lines `numbers` (from 1; blank lines skipped) of a file and their objects `rows`.
+
+    `ids`, `counts`: the lifted field's ids, flat, and how many each row has (then
+    rows[i][lift] is []); None: not lifted, rows[i][lift] is as the line has it (an array where
+    jsonl.lifted_ids read the line's own list).
+    """
+
+    numbers: Sequence[int]
+    lines: list[bytes]
+    rows: list[dict[str, Any]]
+    ids: np.ndarray | None = None
+    counts: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
+    """The file's non-blank lines, a chunk at a time (see the module doc)."""
+    for first, raw in _line_blocks(path):
+        kept = [i for i, line in enumerate(raw) if line.strip()]
+        if len(kept) == len(raw):
+            numbers: Sequence[int] = range(first, first + len(raw))
+            lines = raw
+        else:
+            numbers, lines = [first + i for i in kept], [raw[i] for i in kept]
+        if lines:
+            yield _lifted(numbers, lines, lift, dtype) or _whole(path, numbers, lines, lift, dtype)
+
+
+def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
+    """(number of the first line, the lines) for about CHUNK_BYTES of whole lines at a time."""
+    first, carry = 1, b""
+    with path.open("rb") as f:
+        while data := f.read(CHUNK_BYTES):
+            data = carry + data if carry else data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            carry = data[cut + 1 :]
+            lines = data[:cut].split(b"\n")
+            yield first, lines
+            first += len(lines)
+    if carry:
+        yield first, [carry]
+
+
+def _lifted(numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) -> Chunk | None:
+    """The chunk with its lists read at once, or None where a line does not allow it."""
+    key = b'"' + lift.encode() + b'"'
+    cut = [_list_of(line, key) for line in lines]
+    if None in cut:
+        return None
+    texts = [c[1] for c in cut]  # type: ignore[index]
+    counts = np.array([t.count(b",") + 1 if t.strip() else 0 for t in texts], dtype=np.int64)
+    joined = b",".join([t for t in texts if t.strip()])
+    if joined.translate(None, _PLAIN):
+        return None
+    # a 0 after the last list: np.fromstring stops where a list is not numbers between single
+    # commas ("1 2", "1,,2", "1,"), so the count falls short whatever list it is in
+    try:
+        ids = np.fromstring(joined + b",0" if joined else b"", dtype=dtype, sep=",")
+    except ValueError:  # numpy >= 2.3 raises where older ones stop early
+        return None
+    total = int(counts.sum())
+    if len(ids) != (total + 1 if joined else 0):
+        return None
+    ids = ids[:total]
+    if total and ids.max() == np.iinfo(dtype).max:  # strtoll / strtoull saturate
+        return None
+    try:
+        rows = [orjson.loads(c[0] + c[2]) for c in cut]  # type: ignore[index]
+    except orjson.JSONDecodeError:
+        return None
+    if any(type(r) is not dict or r.get(lift) != [] for r in rows):
+        return None
+    return Chunk(numbers, lines, rows, ids, counts)
+
+
+def _list_of(line: bytes, key: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """(the line up to the list's `[`, the list's text, from its `]` on) for the list that
+    follows `key` (`"name"`, a colon, a `[`); None when there is none."""
+    a = line.find(key)
+    if a < 0:
+        return None
+    b = line.find(b"[", a)
+    c = line.find(b"]", b)
+    if b < 0 or c < 0 or line[a + len(key) : b].strip() != b":":
+        return None
+    return line[: b + 1], line[b + 1 : c], line[c:]
+
+
+def _whole(path: Path, numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) -> Chunk:
+    """The chunk parsed line by line (`parse_line`: refuses a line that is not JSON)."""
+    key = b'"' + lift.encode() + b'":['
+    rows = [
+        parse_line(path, n, line, key, lift, dtype) for n, line in zip(numbers, lines, strict=True)
+    ]
+    return Chunk(numbers, lines, rows)
+
+
+def lines(path: Path) -> Iterator[tuple[int, dict[str, Any], bytes]]:
+    """(line number from 1, object, the line) per non-blank line, each parsed whole."""
+    with path.open("rb", buffering=1 << 20) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                yield n, parse_line(path, n, line), line
+
+
+def parse_line(
+    path: Path,
+    n: int,
+    line: bytes,
+    key: bytes | None = None,
+    lift: str = "",
+    dtype: type = np.int64,
+) -> dict[str, Any]:
+    """Line `n`'s object; a line that is not a JSON object fails. `key` (`"name":[`, the
+    field `lift`): its list read by `lifted_ids` straight into an array of `dtype` where it can
+    be (the object's `lift` is that array then), not as Python ints."""
+    ids, rest = lifted_ids(line, key, dtype) if key else (None, line)
+    try:
+        row = orjson.loads(rest)
+    except orjson.JSONDecodeError as err:
+        raise KvscopeError(f"{path}:{n}: not JSON ({err.msg})") from None
+    if not isinstance(row, dict):
+        raise KvscopeError(f"{path}:{n}: not a JSON object")
+    if ids is not None:
+        if row.get(lift) != []:  # not where it seemed: read the whole line instead
+            row = orjson.loads(line)
+        else:
+            row[lift] = ids
+    return row
+
+
+def lifted_ids(line: bytes, key: bytes, dtype: type = np.int64) -> tuple[np.ndarray | None, bytes]:
+    """(the ids of the list that follows `key` (`"name":[`) as `dtype` (int64 or uint64), the
+    line with the list emptied) when that list is compact decimal integers (digits between
+    single commas) below dtype's maximum; else (None, line): the caller parses it whole (and
+    refuses what is wrong)."""
+    a = line.find(key)
+    if a < 0:
+        return None, line
+    a += len(key)
+    b = line.find(b"]", a)
+    text = line[a:b]
+    if b < 0 or text.translate(None, b"0123456789,"):
+        return None, line
+    if not text:
+        ids = np.zeros(0, dtype=dtype)
+    elif b",," in text or text[:1] == b"," or text[-1:] == b",":
+        return None, line
+    else:
+        ids = np.fromstring(text, dtype=dtype, sep=",")  # C strtoll/strtoull: saturates
+        if len(ids) != text.count(b",") + 1 or (len(ids) and ids.max() == np.iinfo(dtype).max):
+            return None, line
+    return ids, line[:a] + line[b:]
+
+
+def column(rows: list[dict[str, Any]], name: str, kinds: tuple[type, ...]) -> list[Any] | None:
+    """Every row's `name` when each is of one of `kinds` (exactly: a bool is not an int; None
+    where `kinds` holds type(None)); else None (the caller checks the rows one by one)."""
+    values = [r.get(name) for r in rows]
+    return values if set(map(type, values)) <= set(kinds) else None
+
+
+def numbers_of(
+    rows: list[dict[str, Any]], name: str, kinds: tuple[type, ...], dtype: type
+) -> np.ndarray | None:
+    """`column` as an array of `dtype`; None where a value is not of `kinds` or does not fit."""
+    values = column(rows, name, kinds)
+    if values is None:
+        return None
+    try:
+        return np.array(values, dtype=dtype)
+    except (OverflowError, TypeError, ValueError):
+        return None

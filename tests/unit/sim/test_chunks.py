@@ -1,0 +1,123 @@
+"""A JSONL trace read a chunk at a time (sim/inputs/chunks.py): every plain list is read by numpy
+a chunk at once, with its line's number; a chunk with any other form is parsed line by line."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvscope.errors import KvscopeError
+from kvscope.sim.inputs import chunks
+from kvscope.sim.inputs.sources import load_source
+
+ROWS = [
+    {"timestamp": i, "input_length": 4 * len(ids), "output_length": 1, "hash_ids": ids}
+    for i, ids in enumerate([[1, 2, 3], [], [4], [(1 << 64) - 2, 0, 17], [5, 6]])
+]
+
+
+def _write(path: Path, rows: list, seps: tuple[str, str], blank: bool = False) -> Path:
+    text = [json.dumps(r, separators=seps) + ("\r\n\n   \n" if blank else "\n") for r in rows]
+    path.write_text("".join(text))
+    return path
+
+
+@pytest.mark.parametrize("seps", [(",", ":"), (", ", ": ")])
+@pytest.mark.parametrize("chunk_bytes", [1, 90, 1 << 20])
+@pytest.mark.parametrize("blank", [False, True])
+def test_plain_lists_are_read_a_chunk_at_once_with_their_line_numbers(
+    tmp_path: Path,
+    seps: tuple[str, str],
+    chunk_bytes: int,
+    blank: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    path = _write(tmp_path / "m.jsonl", ROWS, seps, blank)
+    read = list(chunks.read(path, "hash_ids", np.uint64))
+    assert all(c.ids is not None and c.counts is not None for c in read)
+    assert sum(len(c) for c in read) == len(ROWS)
+    ids = np.concatenate([c.ids for c in read if c.ids is not None])
+    assert ids.dtype == np.uint64 and ids.tolist() == [i for r in ROWS for i in r["hash_ids"]]
+    counts = [n for c in read if c.counts is not None for n in c.counts.tolist()]
+    assert counts == [len(r["hash_ids"]) for r in ROWS]
+    numbers = [n for c in read for n in c.numbers]
+    assert numbers == [1 + 3 * i for i in range(5)] if blank else [1, 2, 3, 4, 5]
+    rows = [r for c in read for r in c.rows]
+    assert [r["hash_ids"] for r in rows] == [[]] * 5
+    assert [r["timestamp"] for r in rows] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("text", "ids"),
+    [
+        (b"[1 2]", None),  # not JSON: numbers without a comma between them
+        (b"[1,,2]", None),
+        (b"[1,2,]", None),
+        (b"[,1]", None),
+        (b"[1.5]", [1.5]),
+        (b"[-1]", [-1]),
+        (b"[18446744073709551615]", [(1 << 64) - 1]),  # numpy's parse saturates there
+        (b"[18446744073709551616]", [float(1 << 64)]),  # beyond 64 bits: orjson's float
+        (b"[1,\t2]", [1, 2]),
+        (b"[true]", [True]),
+    ],
+)
+def test_a_list_numpy_cannot_read_exactly_sends_its_chunk_line_by_line(
+    tmp_path: Path, text: bytes, ids: list | None
+) -> None:
+    good = b'{"timestamp":0,"input_length":8,"output_length":1,"hash_ids":[1,2]}\n'
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(good + good.replace(b"[1,2]", text) + good)
+    if ids is None:
+        with pytest.raises(KvscopeError, match=rf"^{path}:2: not JSON"):
+            list(chunks.read(path, "hash_ids", np.uint64))
+        return
+    (chunk,) = chunks.read(path, "hash_ids", np.uint64)
+    assert chunk.ids is None and list(chunk.numbers) == [1, 2, 3]
+    assert [list(r["hash_ids"]) for r in chunk.rows] == [[1, 2], ids, [1, 2]]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
+def test_a_bad_line_is_named_whichever_chunk_it_is_in(
+    tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    rows = [dict(r) for r in ROWS * 4]
+    rows[13]["output_length"] = -3  # line 14, read in a chunk that is all plain lists
+    path = _write(tmp_path / "m.jsonl", rows, (",", ":"))
+    with pytest.raises(KvscopeError) as err:
+        load_source(path, block_size=4)
+    assert str(err.value) == f"{path}:14: field 'output_length' is negative (-3)"
+
+
+@pytest.mark.parametrize(
+    ("line", "rid"),
+    [
+        (b'{"request_id":"r\\"token_ids","token_ids":[1,2,3,4],"agent":"a"}', 'r"token_ids'),
+        (b'{"request_id":"s","x\\"token_ids":[9],"token_ids":[1,2,3,4],"agent":"a"}', "s"),
+    ],
+)
+def test_a_field_named_like_the_list_is_not_taken_for_it(
+    tmp_path: Path, line: bytes, rid: str
+) -> None:
+    """A string or another key ending in the list's name, before the list: not the list."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(line + b"\n" + line + b"\n")
+    trace = load_source(path, block_size=2).trace
+    assert trace.request_ids == (rid, rid) and trace.agents == ("a", "a")
+    assert trace.prompt_tokens.tolist() == [4, 4] and len(set(trace.keys.tolist())) == 2
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 120, 1 << 20])
+def test_a_token_line_without_a_timestamp_starts_at_its_position_in_the_file(
+    tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    rows = [{"request_id": f"r{i}", "token_ids": [i, 1, 2, 3]} for i in range(9)]
+    rows[4]["timestamp"] = 4.5
+    path = _write(tmp_path / "t.jsonl", rows, (",", ":"))
+    source = load_source(path, block_size=2)
+    assert source.trace.start_s.tolist() == [i / 1e3 for i in (0, 1, 2, 3, 4.5, 5, 6, 7, 8)]
+    assert source.notes == ["9 requests without output_length: replayed with 0"]
