@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.errors import KvscopeError
-from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
 from kvscope.sim.simulate import CACHING, IN_REQUEST
@@ -91,6 +90,7 @@ def replay_document(
 def write_replay(run_dir: Path, doc: dict[str, Any]) -> list[Path]:
     """RUN/replay.json and RUN/replay.png (its hit ratio vs capacity; left out when it cannot be
     drawn): the files written."""
+    from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
     from kvscope.report import plots
     from kvscope.report.replay_section import replay_plot
 

@@ -12,7 +12,6 @@ import typer
 
 from kvscope.cli.common import console, friendly
 from kvscope.errors import KvscopeError
-from kvscope.mlflow_runs import log_files, resolve_run
 
 RUNS_DIR_OPTION = typer.Option(help="The runs directory (and its local MLflow store).")
 TRACKING_OPTION = typer.Option(help="MLflow tracking URI for run ids (default: local store).")
@@ -31,6 +30,7 @@ def report(
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
     """Write a self-contained HTML report of one run (RUN/report.html)."""
+    from kvscope.mlflow_runs import resolve_run
     from kvscope.report.pages import run_report
 
     run_dir = resolve_run(run, runs_dir, tracking_uri)
@@ -42,6 +42,8 @@ def report(
 
 def logged(run_dir: Path, paths: list[Path], tracking_uri: str | None) -> None:
     """Add files to the run's MLflow run, and say so (or why not: they stay in the run)."""
+    from kvscope.mlflow_runs import log_files
+
     try:
         run_id = log_files(run_dir, paths, tracking_uri)
     except KvscopeError as err:
@@ -60,6 +62,7 @@ def compare(
     tracking_uri: Annotated[str | None, TRACKING_OPTION] = None,
 ) -> None:
     """Compare runs in one HTML page: each run's views side by side, plus RQ3, RQ4 and RQ5."""
+    from kvscope.mlflow_runs import resolve_run
     from kvscope.report.pages import compare_report
 
     run_dirs = [resolve_run(r, runs_dir, tracking_uri) for r in runs]

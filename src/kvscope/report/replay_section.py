@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG
 from kvscope.report.table import NULL, Section, Table, facts, fmt
 
 MAX_MISMATCH_ROWS = 20
@@ -267,6 +266,8 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
 
 def replay_section(run_dir: Path) -> list[Section]:
     """The report's replay sections from RUN/replay.json (+ replay.png), if the run has one."""
+    from kvscope.records.run_dir import REPLAY_JSON, REPLAY_PNG  # pyarrow: not for a trace's replay
+
     path = run_dir / REPLAY_JSON
     if not path.exists():
         return []

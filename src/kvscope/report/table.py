@@ -5,12 +5,15 @@ with every cell already formatted, and its notes. Cells are text: a value that w
 is NULL ("—"), never 0.
 """
 
+from __future__ import annotations
+
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
+if TYPE_CHECKING:  # only annotated: a trace's replay report loads no pyarrow
+    import pyarrow as pa
 
 NULL = "—"  # shown for a value that was not measured
 Kind = Literal["int", "ratio", "ms", "float", "text", "bool"]

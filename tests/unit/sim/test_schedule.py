@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from kvscope.sim.inputs import sources
+from kvscope.sim.inputs import schedule
 from kvscope.sim.inputs.schedule import (
     SAME_STEP_S,
     first_stores,
@@ -89,7 +89,7 @@ def test_a_recorded_fan_out_replays_exactly_in_the_engines_order(monkeypatch) ->
     assert fid is not None and fid.exact_share == 1.0 and fid.meets_targets
     # replayed in the order the client sent them, the fan-out pairs swap their hits
     monkeypatch.setattr(
-        sources, "scheduled_starts", lambda rows, *_: np.array([r["start_ns"] / 1e9 for r in rows])
+        schedule, "scheduled_starts", lambda rows, *_: np.array([r["start_ns"] / 1e9 for r in rows])
     )
     sent = load_source(FANOUT)
     off = fidelity(sent, simulate(sent.trace, "lru", blocks))

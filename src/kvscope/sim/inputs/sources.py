@@ -31,17 +31,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.records.requests import STATUS_OK
-from kvscope.records.run_dir import RunDir
-from kvscope.records.tokens import TOKENS_ARROW
 from kvscope.sim.inputs import chunks, jsonl
-from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 from kvscope.sim.trace import Trace, chain_keys
+
+if TYPE_CHECKING:  # a run directory's readers load with one (pyarrow, finalize): not for a trace
+    from kvscope.records.run_dir import RunDir
 
 KINDS = ("run", "mooncake", "tokens")
 
@@ -74,12 +73,12 @@ class Source:
 
 def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
     """The trace at `path`: a run directory, or a JSONL trace recognised by its first line."""
-    if isinstance(path, RunDir):
+    if not isinstance(path, Path):  # a RunDir
         return load_run(path, block_size)
     if not path.exists():
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
-        return load_run(RunDir.open(path), block_size)
+        return load_run(path, block_size)
     first = next(chunks.lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")
@@ -106,6 +105,10 @@ def _need_block_size(block_size: int | None, path: Path, what: str) -> int:
 
 def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     """A run directory's successful calls with token ids, in start order (see module doc)."""
+    from kvscope.records.run_dir import RunDir
+    from kvscope.records.tokens import TOKENS_ARROW
+    from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
+
     run = RunDir.open(run)
     run_dir, table = run.path, run.requests  # KvscopeError: no request table
     if not run.has_tokens:
@@ -218,6 +221,8 @@ def _prefill_ends(rows: list[dict[str, Any]], starts: np.ndarray, ends: np.ndarr
 
 
 def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
+    from kvscope.records.requests import STATUS_OK
+
     if row.get("status") != STATUS_OK:
         return f"status {row.get('status')}"
     if row.get("request_uuid") not in tokens:
