@@ -10,9 +10,10 @@ capacity (prompt-only, the default for a trace) and by kvlint 0.1.1's vLLM block
 driven one line at a time as its streamed simulator is (from hash_ids: its `block_hashes`
 replaced by the ids as given; it never sees lifetimes: one request after another), each in a
 child under /usr/bin/time: user + sys CPU seconds and peak RSS, `--repeat` times.
-Then the LRU sweep: the Mooncake trace without `end_timestamp` (requests one after another) at
-the capacity and at 10 (a tenth of it to all of it): one load and one factorization of the keys,
-the compiled pool (sim/caches/pool_compiled.py) once per capacity.
+The token-id trace is also written as Arrow (an IPC stream of list<uint32> token ids, the form of
+kvscope's own prompt_tokens.arrow): kvscope replays it with no text to parse (kvlint reads
+JSONL only). Then the LRU sweep: the Mooncake trace without `end_timestamp` (requests one after
+another) at the capacity and at 10 (a tenth of it to all of it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 KVLINT_STREAM = """
 import json, sys
@@ -46,11 +48,14 @@ print(cached)
 
 
 def write_traces(d: Path, n: int, block_size: int) -> dict[str, Path]:
-    """The PEER-like trace as Mooncake (with and without end_timestamp) and as token ids."""
+    """The PEER-like trace as Mooncake (with and without end_timestamp) and as token ids (JSONL
+    and Arrow)."""
     from replay import peer_trace
 
     tr = peer_trace(n, block_size)
     paths = {k: d / f"{k}.jsonl" for k in ("mooncake", "sequential", "tokens")}
+    paths["arrow"] = d / "tokens.arrow"
+    arrow = ArrowRows(paths["arrow"])
     shifts = np.arange(block_size, dtype=np.uint64) * np.uint64(64 // block_size or 1)
     with (
         paths["mooncake"].open("wb") as moon,
@@ -72,7 +77,44 @@ def write_traces(d: Path, n: int, block_size: int) -> dict[str, Path]:
                     "end_timestamp": row["end_timestamp"], "token_ids": ids,
                     "output_length": int(tr.output_tokens[i])}  # fmt: skip
             tok.write(orjson.dumps(trow, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            arrow.add(trow)
+    arrow.close()
     return paths
+
+
+class ArrowRows:
+    """Token-id rows written as an Arrow IPC stream, a batch of 2,000 rows at a time."""
+
+    SCHEMA = pa.schema([("request_id", pa.string()), ("timestamp", pa.float64()),
+                        ("end_timestamp", pa.float64()), ("output_length", pa.int64()),
+                        ("token_ids", pa.list_(pa.uint32()))])  # fmt: skip
+
+    def __init__(self, path: Path) -> None:
+        self.sink = pa.OSFile(str(path), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, self.SCHEMA)
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if len(self.rows) == 2000:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        ids = [r["token_ids"] for r in self.rows]
+        offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+        np.cumsum([len(x) for x in ids], out=offsets[1:])
+        values = pa.array(np.concatenate(ids).astype(np.uint32))
+        columns = [pa.array([r[k] for r in self.rows]) for k in self.SCHEMA.names[:4]]
+        columns.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+        self.writer.write_batch(pa.record_batch(columns, schema=self.SCHEMA))
+        self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        self.sink.close()
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
@@ -117,6 +159,10 @@ def limit(n: int, block_size: int, capacity: int, repeat: int) -> None:
                       f"(cached {k_cached}) | kvlint {a_cpu:6.2f} s CPU {a_mb:5.0f} MB "
                       f"(cached {int(a_out.strip())}) | kvlint / kvscope CPU "
                       f"{a_cpu / k_cpu:.2f}x, RSS {k_mb / a_mb:.1f}x kvlint's")  # fmt: skip
+        for _ in range(repeat):
+            k_cpu, k_mb, _ = timed(kvscope_cmd(paths["arrow"], block_size, [capacity], out))
+            print(f"  from token_ids as Arrow ({sizes['arrow']:.0f} MB): kvscope {k_cpu:6.2f} s "
+                  f"CPU {k_mb:5.0f} MB (cached {_results(out)[0]['cached_tokens']})")  # fmt: skip
         caps = [capacity * k // 10 for k in range(1, 11)]  # a tenth of it to all of it
         for _ in range(repeat):
             one, one_mb, _ = timed(kvscope_cmd(paths["sequential"], block_size, caps[-1:], out))

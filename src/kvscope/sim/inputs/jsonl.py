@@ -32,7 +32,7 @@ from kvscope.records import blockkey
 from kvscope.records.blockkey import within
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.chunks import Chunk
-from kvscope.sim.inputs.rows import Columns, KeyChunks, Rows
+from kvscope.sim.inputs.rows import Columns, Hasher, KeyChunks, Rows
 from kvscope.sim.trace import Trace
 
 
@@ -226,34 +226,9 @@ def _columns(
 # --- token ids -----------------------------------------------------------------------------------
 
 
-class _Hasher:
-    """Prompts' token ids in, their block keys out, hashed a batch of ~BATCH_TOKENS at a time."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.keys = KeyChunks()  # per prompt, in the order added
-
-    def add(self, flat: np.ndarray, counts: np.ndarray) -> None:
-        """Prompts laid end to end in `flat`, `counts[i]` tokens for the i-th."""
-        keys, _, offsets = blockkey.prompt_blocks(_Flat(flat, counts), self.block_size, False)
-        self.keys.add_flat(keys, np.diff(offsets))
-
-
-class _Flat:
-    """Prompts laid end to end as blockkey.Batches."""
-
-    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        self.flat, self.lengths = flat, lengths
-        self.starts = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.starts[1:])
-
-    def concat(self, lo: int, hi: int) -> np.ndarray:
-        return self.flat[self.starts[lo] : self.starts[hi]]
-
-
 def read_token_trace(path: Path, block_size: int) -> tuple[Trace, list[str]]:
     """A token-id trace: keys are chained from the token ids (see the module doc); and notes."""
-    rows, hasher = Rows(), _Hasher(block_size)
+    rows, hasher = Rows(), Hasher(block_size)
     no_output = 0
     for chunk in chunks.read(path, "token_ids"):
         read = _tokens_whole(chunk, rows.count) or _tokens_lines(path, chunk, rows.count)

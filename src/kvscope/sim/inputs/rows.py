@@ -1,4 +1,5 @@
-"""A JSONL trace's requests as read, in file order, gathered a chunk at a time into a Trace."""
+"""A trace file's requests as read, in file order, gathered a chunk at a time into a Trace; their
+prompts' token ids hashed into block keys as they are read (Hasher)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.errors import KvscopeError
+from kvscope.records import blockkey
 from kvscope.sim.trace import Trace
 
 Label = str | None
@@ -140,3 +142,28 @@ class KeyChunks:
             out[at : at + n] = flat[shift + np.arange(n)]
             at += n
         return out, picked
+
+
+class Hasher:
+    """Prompts' token ids in, their block keys out, hashed a batch of ~BATCH_TOKENS at a time."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.keys = KeyChunks()  # per prompt, in the order added
+
+    def add(self, flat: np.ndarray, counts: np.ndarray) -> None:
+        """Prompts laid end to end in `flat`, `counts[i]` tokens for the i-th."""
+        keys, _, offsets = blockkey.prompt_blocks(Flat(flat, counts), self.block_size, False)
+        self.keys.add_flat(keys, np.diff(offsets))
+
+
+class Flat:
+    """Prompts laid end to end as blockkey.Batches."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.flat, self.lengths = flat, lengths
+        self.starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.starts[1:])
+
+    def concat(self, lo: int, hi: int) -> np.ndarray:
+        return self.flat[self.starts[lo] : self.starts[hi]]

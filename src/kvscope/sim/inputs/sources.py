@@ -16,7 +16,9 @@ replay needs to say about it):
   id per block of `block_size` tokens; equal ids = equal block and prefix). Only the ids of
   full blocks become keys (a partial last block is never cached).
 - a token-id trace (JSONL): `request_id`, `token_ids`, optional `timestamp` (ms; absent: the
-  line's position), `agent`, `workflow`, `output_length` (absent: 0, and said so).
+  line's position), `agent`, `workflow`, `output_length` (absent: 0, and said so); or the same
+  columns as Arrow (an IPC stream such as kvscope's prompt_tokens.arrow, or an IPC file),
+  read without parsing text (sim/inputs/arrow_tokens.py).
 
 Both JSONL formats also accept kvscope's extensions `end_timestamp` (ms: when the request
 ended; absent: at its start), `previous_agent` (absent: the agent of the workflow's previous
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.sim.inputs import chunks, jsonl
+from kvscope.sim.inputs import arrow_tokens, chunks, jsonl
 from kvscope.sim.trace import Trace, chain_keys
 
 if TYPE_CHECKING:  # a run directory's readers load with one (pyarrow, finalize): not for a trace
@@ -72,13 +74,18 @@ class Source:
 
 
 def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
-    """The trace at `path`: a run directory, or a JSONL trace recognised by its first line."""
+    """The trace at `path`: a run directory, an Arrow token-id trace (by its magic bytes), or a
+    JSONL trace recognised by its first line."""
     if not isinstance(path, Path):  # a RunDir
         return load_run(path, block_size)
     if not path.exists():
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
         return load_run(path, block_size)
+    if arrow_tokens.is_arrow(path):
+        bs = _need_block_size(block_size, path, "an Arrow token-id trace")
+        trace, notes = arrow_tokens.read_arrow_tokens(path, bs)
+        return Source("tokens", trace, notes=notes)
     first = next(chunks.lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")

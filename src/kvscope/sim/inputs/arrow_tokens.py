@@ -1,0 +1,143 @@
+"""A token-id trace as Arrow (an IPC stream, as kvscope writes prompt_tokens.arrow, or an IPC
+file), read by pyarrow a group of record batches at a time: no text to parse.
+
+Columns, by name: `token_ids` (a list of integers; required), `request_id` (string or integer;
+`request_uuid`, the name kvscope's own stream uses, is read the same; absent: the row's number),
+and optional `timestamp` and `end_timestamp` (ms), `output_length`, `agent`, `workflow`,
+`previous_agent`, with the JSONL token-id trace's meaning (sim/inputs/sources.py); a null is an
+absent value. Other columns are ignored. The ids are hashed into block keys a group at a time as
+they are read (rows.Hasher), so only the keys stay in memory.
+
+Refused, each as a KvscopeError naming the file and the first bad row (from 1): token_ids that
+are not a list of integers (the schema), a row without token_ids, a null id, a negative id, a
+negative output_length, a column of the wrong type. A stream cut short (a torn last batch) is
+read up to its last whole batch, and said in the notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvscope.errors import KvscopeError
+from kvscope.records.base import ArrowBatches, joined
+from kvscope.sim.inputs.rows import Columns, Hasher, Rows
+from kvscope.sim.trace import Trace
+
+MAGIC_FILE = b"ARROW1"
+MAGIC_STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message's continuation marker
+GROUP_BYTES = 8 << 20  # record batches joined up to about this many bytes before reading them
+
+
+def is_arrow(path: Path) -> bool:
+    head = _head(path)
+    return head.startswith(MAGIC_FILE) or head.startswith(MAGIC_STREAM)
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(8)
+
+
+def read_arrow_tokens(path: Path, block_size: int) -> tuple[Trace, list[str]]:
+    """An Arrow token-id trace (see the module doc) and notes about it."""
+    rows, hasher = Rows(), Hasher(block_size)
+    missing = 0
+    batches = None if _head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
+    for group in joined(batches if batches is not None else _file_batches(path), GROUP_BYTES):
+        columns, flat, counts, absent = _read(path, group, rows.count)
+        missing += absent
+        rows.add(columns)
+        hasher.add(flat, counts)
+    notes = [f"{missing} requests without output_length: replayed with 0"] if missing else []
+    if batches is not None and batches.torn:
+        notes.append(f"{path}: the stream's last batch is cut short: read up to the one before")
+    return rows.trace(path, block_size, hasher.keys), notes
+
+
+def _file_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+    except (OSError, pa.ArrowInvalid) as err:
+        raise KvscopeError(f"{path}: not a readable Arrow file ({err})") from None
+    for k in range(reader.num_record_batches):
+        yield reader.get_batch(k)
+
+
+def _read(
+    path: Path, batch: pa.RecordBatch, before: int
+) -> tuple[Columns, np.ndarray, np.ndarray, int]:
+    """One group's Columns, its ids flat, their count per request and how many lack an output
+    length; `before`: the rows read before it."""
+    names = batch.schema.names
+    if "token_ids" not in names:
+        raise KvscopeError(f"{path}: no token_ids column (columns: {', '.join(names)})")
+    ids = batch.column("token_ids")
+    kind = ids.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+        kind.value_type
+    ):
+        raise KvscopeError(f"{path}: column 'token_ids' is {kind}, not a list of integers")
+    _first_bad(path, ids.is_null(), before, "has no token_ids")
+    values = ids.flatten()
+    counts = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    if values.null_count:
+        rows = np.repeat(np.arange(len(ids)), counts)[values.is_null().to_numpy(False)]
+        raise KvscopeError(f"{path}: row {before + int(rows[0]) + 1}: a null token id")
+    flat = values.to_numpy(zero_copy_only=False)
+    if flat.dtype.kind == "i" and len(flat) and flat.min() < 0:
+        row = int(np.repeat(np.arange(len(ids)), counts)[np.argmax(flat < 0)])
+        raise KvscopeError(f"{path}: row {before + row + 1}: a negative token id")
+    n = len(ids)
+    start = _floats(path, batch, "timestamp")
+    start = np.where(np.isnan(start), before + np.arange(n, dtype=np.float64), start)
+    end = _floats(path, batch, "end_timestamp")
+    end = np.maximum(np.where(np.isnan(end), start, end), start)
+    output = _floats(path, batch, "output_length", integer=True)
+    absent = int(np.isnan(output).sum())
+    output = np.nan_to_num(output).astype(np.int64)
+    _first_bad(path, pa.array(output < 0), before, "has a negative output_length")
+    rid = "request_id" if "request_id" in names else "request_uuid"
+    request_ids = (
+        [str(v) for v in batch.column(rid).to_pylist()]
+        if rid in names
+        else [str(before + k + 1) for k in range(n)]
+    )
+    labels = {name: _labels(path, batch, name) for name in ("agent", "workflow", "previous_agent")}
+    given = [False if v is None else v for v in labels["previous_agent"]]  # null: derived
+    columns = Columns(
+        request_ids, start, end, counts, output, labels["agent"], labels["workflow"], given
+    )
+    return columns, flat.astype(np.int64, copy=False), counts, absent
+
+
+def _first_bad(path: Path, mask: pa.Array, before: int, what: str) -> None:
+    bad = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+    if len(bad):
+        raise KvscopeError(f"{path}: row {before + int(bad[0]) + 1} {what}")
+
+
+def _floats(path: Path, batch: pa.RecordBatch, name: str, integer: bool = False) -> np.ndarray:
+    """Column `name` as float64 (NaN: null or absent); refused when not numeric."""
+    if name not in batch.schema.names:
+        return np.full(batch.num_rows, np.nan)
+    col = batch.column(name)
+    numeric = pa.types.is_integer(col.type) or (not integer and pa.types.is_floating(col.type))
+    if not numeric and not pa.types.is_null(col.type):
+        need = "integers" if integer else "numbers"
+        raise KvscopeError(f"{path}: column {name!r} is {col.type}, not {need}")
+    return col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _labels(path: Path, batch: pa.RecordBatch, name: str) -> list[str | None]:
+    if name not in batch.schema.names:
+        return [None] * batch.num_rows
+    col = batch.column(name)
+    kind = col.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise KvscopeError(f"{path}: column {name!r} is {kind}, not strings")
+    return col.to_pylist()
