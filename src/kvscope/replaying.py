@@ -117,7 +117,7 @@ def replay_run(run_dir: Path) -> list[Path]:
 def export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> list[Path]:
     """The source's replayed requests as a Mooncake and/or a token-id trace (sim.inputs.convert;
     replaying those gives the same results): the files written."""
-    from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
+    from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_trace
 
     if to_tokens is not None and source.run_dir is None:
         raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
@@ -125,6 +125,6 @@ def export(source: Source, to_mooncake: Path | None, to_tokens: Path | None) -> 
     for path, rows in ((to_mooncake, mooncake_rows), (to_tokens, token_rows)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_jsonl(rows(source), path)
+            write_trace(rows(source), path)
             written.append(path)
     return written

@@ -99,7 +99,10 @@ def replay(
     ] = None,
     to_tokens: Annotated[
         Path | None,
-        typer.Option(help="Also write them as a token-id trace (JSONL; run directories only)."),
+        typer.Option(
+            help="Also write them as a token-id trace (JSONL, or Arrow for a path ending in "
+            ".arrow; run directories only)."
+        ),
     ] = None,
     host_tokens: Annotated[
         int | None,

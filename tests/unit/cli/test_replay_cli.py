@@ -119,10 +119,11 @@ def _numbers(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in ("seconds", "ttft_saved_ms")} for r in rows]
 
 
+@pytest.mark.parametrize("tokens_as", [".jsonl", ".arrow"])
 def test_the_run_exported_as_both_trace_formats_replays_to_the_same_json(
-    run: Path, tmp_path: Path
+    run: Path, tmp_path: Path, tokens_as: str
 ) -> None:
-    moon, toks = tmp_path / "m.jsonl", tmp_path / "t.jsonl"
+    moon, toks = tmp_path / "m.jsonl", tmp_path / f"t{tokens_as}"
     sweep = ["--policy", "lru", "--capacity-tokens", "2048,3456,4096"]
     args = ["replay", str(run), *sweep, "--no-write", "--json", str(tmp_path / "run.json")]
     result = runner.invoke(app, [*args, "--to-mooncake", str(moon), "--to-tokens", str(toks)])

@@ -11,7 +11,7 @@ from helpers import ROOT
 
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs import chunks
-from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl
+from kvscope.sim.inputs.convert import mooncake_rows, token_rows, write_jsonl, write_trace
 from kvscope.sim.inputs.rows import KeyChunks
 from kvscope.sim.inputs.schedule import scheduled_start
 from kvscope.sim.inputs.sources import load_source
@@ -64,12 +64,20 @@ def test_the_same_requests_as_mooncake_and_token_id_traces_replay_identically(
     run = load_source(PATHOLOGY)
     moon = load_source(write_jsonl(mooncake_rows(run), tmp_path / "m.jsonl"), block_size=128)
     toks = load_source(write_jsonl(token_rows(run), tmp_path / "t.jsonl"), block_size=128)
-    assert (moon.kind, toks.kind) == ("mooncake", "tokens")
+    arrow = load_source(write_trace(token_rows(run), tmp_path / "t.arrow"), block_size=128)
+    assert (moon.kind, toks.kind, arrow.kind) == ("mooncake", "tokens", "tokens")
+    assert arrow.trace.previous_agents == toks.trace.previous_agents == run.trace.previous_agents
     for blocks in (16, 27, 29, 40):
         want = _numbers(summarize(run.trace, simulate(run.trace, "lru", blocks)).to_dict())
-        for other in (moon, toks):
+        for other in (moon, toks, arrow):
             got = summarize(other.trace, simulate(other.trace, "lru", blocks)).to_dict()
             assert _numbers(got) == want, (other.kind, blocks)
+
+
+def test_mooncake_rows_are_not_written_as_arrow(tmp_path: Path) -> None:
+    rows = mooncake_rows(load_source(PATHOLOGY))
+    with pytest.raises(KvscopeError, match="only a token-id trace is written as Arrow"):
+        write_trace(rows, tmp_path / "m.arrow")
 
 
 def test_a_previous_agent_not_given_is_the_workflows_previous_agent(tmp_path: Path) -> None:

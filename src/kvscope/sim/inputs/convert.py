@@ -1,10 +1,12 @@
-"""A run directory's replayable calls as the two JSONL trace formats `load_source` reads.
+"""A run directory's replayable calls as the trace formats `load_source` reads.
 
 `mooncake_rows(source)`: one Mooncake line per request of a loaded run (timestamp and
 end_timestamp in ms from the first start; hash_ids: each distinct block key numbered by first
 appearance, then a fresh id for a partial last block), with kvscope's request_id, agent,
 previous_agent and workflow. `token_rows(source)`: one token-id line per request, with the
 run's exact prompt token ids and the same extensions. Replaying either gives the run's replay.
+`write_trace(rows, path)` writes them as JSONL, or, for token-id rows and a path ending in
+.arrow, as an Arrow IPC stream (sim/inputs/arrow_tokens.py reads it without parsing text).
 """
 
 from __future__ import annotations
@@ -70,6 +72,29 @@ def token_rows(source: Source) -> list[dict[str, Any]]:
         }
         for i in range(len(t))
     ]
+
+
+ARROW_SUFFIX = ".arrow"
+
+
+def write_trace(rows: list[dict[str, Any]], path: Path) -> Path:
+    """`rows` as JSONL, or as Arrow where `path` ends in .arrow (token-id rows only)."""
+    if path.suffix != ARROW_SUFFIX:
+        return write_jsonl(rows, path)
+    if rows and "token_ids" not in rows[0]:
+        raise KvscopeError(f"{path}: only a token-id trace is written as Arrow; use .jsonl")
+    import pyarrow as pa
+
+    labels = ("request_id", "agent", "previous_agent", "workflow")
+    schema = pa.schema(
+        [(name, pa.string()) for name in labels]
+        + [("timestamp", pa.float64()), ("end_timestamp", pa.float64())]
+        + [("output_length", pa.int64()), ("token_ids", pa.list_(pa.int64()))]
+    )
+    table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table, max_chunksize=4096)
+    return path
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: Path) -> Path:
