@@ -30,6 +30,9 @@ import numpy as np
 _B = 0xD6E8FEB86659FD93  # odd: invertible modulo 2**64
 _B_INV = pow(_B, -1, 1 << 64)
 _K1, _K2 = 0x9E3779B97F4A7C15, 0x632BE59BD9B4E019
+# B, K1, K2 for an evaluation of h in another form (the replay's compiled Horner loop,
+# sim/inputs/chain_kernel.py: h = h * B + x(t) token by token; a test holds it equal to these)
+CONSTANTS = (_B, _K1, _K2)
 BATCH_TOKENS = 1 << 20
 
 Tokens = Sequence[int] | np.ndarray

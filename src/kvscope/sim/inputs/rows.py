@@ -10,6 +10,7 @@ import numpy as np
 
 from kvscope.errors import KvscopeError
 from kvscope.records import blockkey
+from kvscope.sim.caches.compiled import worth_compiling
 from kvscope.sim.trace import Trace
 
 Label = str | None
@@ -145,16 +146,27 @@ class KeyChunks:
 
 
 class Hasher:
-    """Prompts' token ids in, their block keys out, hashed a batch of ~BATCH_TOKENS at a time."""
+    """Prompts' token ids in, their block keys out (records.blockkey's), a group of prompts at a
+    time: by numpy, and once the trace has shown as many blocks as make compiled code pay
+    (compiled.worth_compiling: the pool will run compiled too) by chain_kernel's compiled loop,
+    the same keys ~5x faster."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.keys = KeyChunks()  # per prompt, in the order added
+        self.blocks = 0  # keys made so far
 
     def add(self, flat: np.ndarray, counts: np.ndarray) -> None:
         """Prompts laid end to end in `flat`, `counts[i]` tokens for the i-th."""
-        keys, _, offsets = blockkey.prompt_blocks(Flat(flat, counts), self.block_size, False)
-        self.keys.add_flat(keys, np.diff(offsets))
+        if worth_compiling(self.blocks + len(flat) // self.block_size):
+            from kvscope.sim.inputs.chain_kernel import keys_of
+
+            keys, per_prompt = keys_of(flat, counts, self.block_size)
+        else:
+            keys, _, offsets = blockkey.prompt_blocks(Flat(flat, counts), self.block_size, False)
+            per_prompt = np.diff(offsets)
+        self.blocks += len(keys)
+        self.keys.add_flat(keys, per_prompt)
 
 
 class Flat:
