@@ -64,19 +64,37 @@ def test_plain_lists_are_read_a_chunk_at_once_with_their_line_numbers(
         (b"[true]", [True]),
     ],
 )
+@pytest.mark.parametrize(("lift", "dtype"), [("hash_ids", np.uint64), ("token_ids", np.int64)])
 def test_a_list_numpy_cannot_read_exactly_sends_its_chunk_line_by_line(
-    tmp_path: Path, text: bytes, ids: list | None
+    tmp_path: Path, text: bytes, ids: list | None, lift: str, dtype: type
 ) -> None:
-    good = b'{"timestamp":0,"input_length":8,"output_length":1,"hash_ids":[1,2]}\n'
+    good = b'{"timestamp":0,"input_length":8,"output_length":1,"%s":[1,2]}\n' % lift.encode()
     path = tmp_path / "m.jsonl"
     path.write_bytes(good + good.replace(b"[1,2]", text) + good)
     if ids is None:
         with pytest.raises(KvscopeError, match=rf"^{path}:2: not JSON"):
-            list(chunks.read(path, "hash_ids", np.uint64))
+            list(chunks.read(path, lift, dtype))
         return
-    (chunk,) = chunks.read(path, "hash_ids", np.uint64)
+    (chunk,) = chunks.read(path, lift, dtype)
     assert chunk.ids is None and list(chunk.numbers) == [1, 2, 3]
-    assert [list(r["hash_ids"]) for r in chunk.rows] == [[1, 2], ids, [1, 2]]
+    assert [list(r[lift]) for r in chunk.rows] == [[1, 2], ids, [1, 2]]
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_token_lists_are_read_a_chunk_at_once(tmp_path: Path, empty: bool) -> None:
+    """Signed ids (token ids) are counted by an end after each list, or, where a list is
+    empty, by its commas: either way each line gets its own."""
+    lists = [[5, 0, 17], [9223372036854775806], [1] * 40, [], [3, 3]]
+    if not empty:
+        lists[3] = [8]
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        "".join(json.dumps({"request_id": i, "token_ids": t}) + "\n" for i, t in enumerate(lists))
+    )
+    (chunk,) = chunks.read(path, "token_ids", np.int64)
+    assert chunk.ids is not None and chunk.counts is not None
+    assert chunk.ids.tolist() == [i for t in lists for i in t]
+    assert chunk.counts.tolist() == [len(t) for t in lists]
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])

@@ -84,21 +84,8 @@ def _lifted(numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) 
     if None in cut:
         return None
     texts = [c[1] for c in cut]  # type: ignore[index]
-    counts = np.array([t.count(b",") + 1 if t.strip() else 0 for t in texts], dtype=np.int64)
-    joined = b",".join([t for t in texts if t.strip()])
-    if joined.translate(None, _PLAIN):
-        return None
-    # a 0 after the last list: np.fromstring stops where a list is not numbers between single
-    # commas ("1 2", "1,,2", "1,"), so the count falls short whatever list it is in
-    try:
-        ids = np.fromstring(joined + b",0" if joined else b"", dtype=dtype, sep=",")
-    except ValueError:  # numpy >= 2.3 raises where older ones stop early
-        return None
-    total = int(counts.sum())
-    if len(ids) != (total + 1 if joined else 0):
-        return None
-    ids = ids[:total]
-    if total and ids.max() == np.iinfo(dtype).max:  # strtoll / strtoull saturate
+    read = _ids(texts, dtype)
+    if read is None:
         return None
     try:
         rows = [orjson.loads(c[0] + c[2]) for c in cut]  # type: ignore[index]
@@ -106,7 +93,40 @@ def _lifted(numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) 
         return None
     if any(type(r) is not dict or r.get(lift) != [] for r in rows):
         return None
-    return Chunk(numbers, lines, rows, ids, counts)
+    return Chunk(numbers, lines, rows, *read)
+
+
+def _ids(texts: list[bytes], dtype: type) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the ids of the lists `texts` flat, how many each has), parsed by one np.fromstring; None
+    where a list is not plain integers below dtype's maximum. Signed ids whose lists are all
+    non-empty are read with -1 after each list (no list holds a '-': a negative id adds an end
+    and fails the count), so the ends give the counts; otherwise each list's commas do."""
+    if any(t.translate(None, _PLAIN) for t in texts):
+        return None
+    signed = np.dtype(dtype).kind == "i" and all(t.strip() for t in texts)
+    if signed:
+        joined = b",-1,".join(texts) + b",-1"
+    else:
+        joined = b",".join([t for t in texts if t.strip()])
+        joined += b",0" if joined else b""  # an end: a list that stops the parse falls short
+    try:
+        ids = np.fromstring(joined, dtype=dtype, sep=",") if joined else np.zeros(0, dtype)
+    except ValueError:  # numpy >= 2.3 raises where older ones stop early
+        return None
+    if signed:
+        ends = np.flatnonzero(ids < 0)
+        if len(ends) != len(texts) or (len(ends) and ends[-1] != len(ids) - 1):
+            return None
+        counts = np.diff(ends, prepend=-1) - 1
+        ids = ids[ids >= 0]
+    else:
+        counts = np.array([t.count(b",") + 1 if t.strip() else 0 for t in texts], np.int64)
+        if len(ids) != (int(counts.sum()) + 1 if joined else 0):
+            return None
+        ids = ids[: len(ids) - 1] if joined else ids
+    if len(ids) and ids.max() == np.iinfo(dtype).max:  # strtoll / strtoull saturate
+        return None
+    return ids, counts
 
 
 def _list_of(line: bytes, key: bytes) -> tuple[bytes, bytes, bytes] | None:
