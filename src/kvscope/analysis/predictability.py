@@ -31,7 +31,6 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from operator import itemgetter
 from typing import Any
 
 from kvscope.analysis.agents import AgentOrder, agent_key, agent_order, percentile
@@ -215,56 +214,76 @@ def _any_workflow(by_workflow: dict[str, list[Visit]]) -> dict[str, list[float]]
     return out
 
 
-def predict(
-    counts: dict[tuple[str, ...], Counter[str]], context: Sequence[str], history: int
-) -> str | None:
-    """The most frequent follower of the longest known suffix (up to `history`) of `context`."""
-    for h in range(min(history, len(context)), 0, -1):
-        seen = counts.get(tuple(context[-h:]))
-        if seen:
-            # most_common(1)'s answer (ties: first counted) without its heap: ~2 s at 100k calls
-            return max(seen.items(), key=itemgetter(1))[0]
-    return None
+class Followers:
+    """What came k positions after each context (a tuple of the last agents), counted, with its
+    most frequent follower kept as counts grow (ties: the one counted first, as max() over the
+    counts in insertion order), so a prediction is a lookup."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, ...], dict[str, int]] = {}
+        self.best: dict[tuple[str, ...], str] = {}
+
+    def add(self, context: tuple[str, ...], follower: str) -> None:
+        counts = self.counts.setdefault(context, {})
+        n = counts.get(follower, 0) + 1
+        counts[follower] = n
+        best = self.best.get(context)
+        if best is None or n > counts[best]:
+            self.best[context] = follower
+        elif n == counts[best] and best != follower:  # a tie: the one counted first
+            self.best[context] = next(a for a in counts if a in (best, follower))
+
+    def predict(self, seq: Sequence[str], i: int, history: int) -> str | None:
+        """The most frequent follower of the longest known suffix (up to `history`) of
+        seq[: i + 1]."""
+        for h in range(min(history, i + 1), 0, -1):
+            best = self.best.get(tuple(seq[i + 1 - h : i + 1]))
+            if best is not None:
+                return best
+        return None
 
 
 def accuracy(
     by_workflow: dict[str, list[Visit]], order: AgentOrder, history: int = 1
 ) -> list[Accuracy]:
     """The online predictor's accuracy 1, 2 and 3 positions ahead, per agent and "all"."""
-    learned: dict[int, dict[tuple[str, ...], Counter[str]]] = {k: {} for k in AHEAD}
-    tally: dict[str, Counter[str]] = defaultdict(Counter)  # agent -> positions, predicted_k, hit_k
-    names = {k: (f"predicted_{k}", f"hit_{k}") for k in AHEAD}
+    learned = {k: Followers() for k in AHEAD}
+    # agent -> [positions, predicted_1, hit_1, predicted_2, hit_2, predicted_3, hit_3]
+    tally: dict[str, list[int]] = {}
+    every = tally.setdefault(ALL, [0] * 7)
     for vs in by_workflow.values():
         seq = [v.agent_id for v in vs]
         for i, agent in enumerate(seq):
-            for who in (agent, ALL):
-                tally[who]["positions"] += i + 1 < len(seq)
+            mine = tally.setdefault(agent, [0] * 7)
+            ahead = i + 1 < len(seq)
+            mine[0] += ahead
+            every[0] += ahead
             for k in AHEAD:
                 if i + k >= len(seq):
-                    continue
-                guess = predict(learned[k], seq[: i + 1], history)
+                    break
+                guess = learned[k].predict(seq, i, history)
                 if guess is None:
                     continue
-                predicted, hit = names[k]
-                for who in (agent, ALL):
-                    tally[who][predicted] += 1
-                    tally[who][hit] += guess == seq[i + k]
+                hit = guess == seq[i + k]
+                mine[2 * k - 1] += 1
+                mine[2 * k] += hit
+                every[2 * k - 1] += 1
+                every[2 * k] += hit
         for k in AHEAD:  # learn this workflow only after it was predicted
             for i in range(len(seq) - k):
                 for h in range(1, min(history, i + 1) + 1):
-                    learned[k].setdefault(tuple(seq[i + 1 - h : i + 1]), Counter())[seq[i + k]] += 1
+                    learned[k].add(tuple(seq[i + 1 - h : i + 1]), seq[i + k])
     agents = sorted((a for a in tally if a != ALL), key=agent_key(order))
-    return [_accuracy(a, tally[a]) for a in (*agents, ALL) if a in tally]
+    if not by_workflow or not any(vs for vs in by_workflow.values()):
+        return []
+    return [_accuracy(a, tally[a]) for a in (*agents, ALL)]
 
 
-def _accuracy(agent: str, t: Counter[str]) -> Accuracy:
+def _accuracy(agent: str, t: list[int]) -> Accuracy:
     def acc(k: int) -> float | None:
-        return t[f"hit_{k}"] / t[f"predicted_{k}"] if t[f"predicted_{k}"] else None
+        return t[2 * k] / t[2 * k - 1] if t[2 * k - 1] else None
 
-    return Accuracy(
-        agent, t["positions"], t["predicted_1"], acc(1), t["predicted_2"], acc(2),
-        t["predicted_3"], acc(3),
-    )  # fmt: skip
+    return Accuracy(agent, t[0], t[1], acc(1), t[3], acc(2), t[5], acc(3))
 
 
 def predictability(rows: Sequence[Row], history: int = 1) -> Predictability:

@@ -188,3 +188,66 @@ def test_six_agents_latency_gaps_run_from_the_dispatcher() -> None:
     assert other[("w1", "search_code", 1)] == pytest.approx(1001)  # not from search_docs (running)
     assert other[("w1", "writer", 1)] == pytest.approx(1000)  # the join: from the last branch
     assert other[("w1", "router", 1)] is None  # the workflow's first call has no gap
+
+
+def _reference_accuracy(seqs: list[list[str]], history: int) -> dict[str, tuple]:
+    """The predictor as first written (a Counter per context, max() per prediction): the
+    oracle for the incremental one (Followers)."""
+    from collections import Counter
+    from operator import itemgetter
+
+    learned: dict[int, dict[tuple[str, ...], Counter[str]]] = {k: {} for k in (1, 2, 3)}
+    tally: dict[str, Counter[str]] = {}
+    for seq in seqs:
+        for i, agent in enumerate(seq):
+            for who in (agent, "all"):
+                tally.setdefault(who, Counter())["positions"] += i + 1 < len(seq)
+            for k in (1, 2, 3):
+                if i + k >= len(seq):
+                    continue
+                guess = None
+                for h in range(min(history, i + 1), 0, -1):
+                    seen = learned[k].get(tuple(seq[i + 1 - h : i + 1]))
+                    if seen:
+                        guess = max(seen.items(), key=itemgetter(1))[0]
+                        break
+                if guess is not None:
+                    for who in (agent, "all"):
+                        tally[who][f"p{k}"] += 1
+                        tally[who][f"h{k}"] += guess == seq[i + k]
+        for k in (1, 2, 3):
+            for i in range(len(seq) - k):
+                for h in range(1, min(history, i + 1) + 1):
+                    ctx = tuple(seq[i + 1 - h : i + 1])
+                    learned[k].setdefault(ctx, Counter())[seq[i + k]] += 1
+    return {
+        who: (t["positions"], *((t[f"p{k}"], t[f"h{k}"] / t[f"p{k}"] if t[f"p{k}"] else None)
+                                for k in (1, 2, 3)))
+        for who, t in tally.items()
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("history", [1, 2])
+def test_the_predictor_equals_its_first_form_on_random_workflows(seed: int, history: int) -> None:
+    """Random sequences over few agents (ties in the counts are common)."""
+    import random
+
+    rng = random.Random(seed)
+    seqs = [[rng.choice("abcd") for _ in range(rng.randint(1, 9))] for _ in range(60)]
+    rows = []
+    for n, seq in enumerate(seqs):
+        prev, turns = None, {}
+        for i, agent in enumerate(seq):
+            turns[agent] = turns.get(agent, 0) + 1
+            rows.append(
+                call(f"w{n:03d}", agent, turns[agent], 100 * n + 2 * i, 100 * n + 2 * i + 1, prev)
+            )
+            prev = agent
+    got = predictability(rows, history=history).accuracy
+    want = _reference_accuracy(seqs, history)
+    assert {a.agent_id for a in got} == set(want)
+    for a in got:
+        p, (p1, a1), (p2, a2), (p3, a3) = want[a.agent_id][0], *want[a.agent_id][1:]
+        assert (a.positions, a.predicted_1, a.predicted_2, a.predicted_3) == (p, p1, p2, p3)
+        assert (a.accuracy_1, a.accuracy_2, a.accuracy_3) == (a1, a2, a3), a.agent_id
