@@ -67,7 +67,7 @@ def replay_document(
     document whatever the number; 1 runs them here, one after another)."""
     fit = fitted_cost(source)
     outcome = run_plan(source, plan, fit["ms_per_token"] if fit else None, on_step, jobs)
-    notes = [*source.notes, *plan.notes]
+    notes = [*source.notes, *plan.notes, *outcome.notes]
     notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
     return {
         "source": str(source_path),

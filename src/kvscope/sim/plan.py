@@ -24,15 +24,19 @@ Caching: the engine's own (output blocks cached, `cache_outputs`, make_plan's de
 prompt-only (simulate.CACHING), said in a note and in every result; the fidelity replay is
 always the engine's own. In-request order (simulate.IN_REQUEST): tail-first (the engines') or
 head-first (vLLM semantics only: refused on SGLang's and for the hint policies), said likewise.
+Running: LRU's capacities are answered by one compiled pass over stack distances where that is
+exact and pays (lru_in_one_pass: vLLM semantics, prompt-only, no host tier, requests one after
+another, a large trace), the rest cell by cell (sim.grid); Outcome.notes say which and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from kvscope.errors import KvscopeError
+from kvscope.sim.caches.compiled import worth_compiling
 from kvscope.sim.grid import run_cells
 from kvscope.sim.hints import HINT_POLICIES, check_hints
 from kvscope.sim.inputs.sources import Source
@@ -45,6 +49,7 @@ from kvscope.sim.simulate import (
     RADIX_POLICIES,
     prepare,
     simulate,
+    sweep_lru,
 )
 
 RUN_DEFAULTS = ("steps-to-execution", "predicted-next-agent", "belady")
@@ -244,6 +249,7 @@ def hint_notes(source: Source, chosen: list[str], engine: str | None, host: int)
 class Outcome:
     summaries: list[Summary]  # policy-major, capacities in the plan's order
     fidelity: Fidelity | None  # engine's own policy at the run's capacity (run directories)
+    notes: list[str] = field(default_factory=list)  # how the cells were computed
 
 
 def run_plan(
@@ -257,11 +263,19 @@ def run_plan(
     the cells run on that many forked processes (sim.grid.run_cells: the same results in the
     same order, the same errors); 1: one after another, in this process."""
     trace = source.trace
-    cells = [(p, c) for p in plan.policies for c in plan.capacities]
-    blocks = [(p, c // trace.block_size) for p, c in cells]
-    compiled = prepare(trace, blocks, plan.engine)  # before the cells fork: done once
+    swept, notes = lru_in_one_pass(source, plan, ms_per_token)
+    for cap in swept:
+        on_done("lru", cap)
+    every = [(p, c) for p in plan.policies for c in plan.capacities]
+    cells = [(p, c) for p, c in every if not (p == "lru" and c in swept)]
+    bs = trace.block_size
+    blocks = [(p, c // bs) for p, c in every]
+    # before the cells fork: done once (compiled or not as the whole grid decides)
+    compiled = prepare(trace, blocks, plan.engine, run=[(p, c // bs) for p, c in cells])
     cell = partial(run_cell, source, plan, ms_per_token, compiled=compiled)
-    in_order = run_cells(cell, cells, jobs, on_done)
+    by_cell = dict(zip(cells, run_cells(cell, cells, jobs, on_done), strict=True))
+    by_cell.update({("lru", cap): (summary, None) for cap, summary in swept.items()})
+    in_order = [by_cell[c] for c in every]
     summaries = [summary for summary, _ in in_order]
     found = None
     for _, cell_fidelity in in_order:  # the last matching cell's, as the sequential loop kept
@@ -272,7 +286,51 @@ def run_plan(
         kwargs = {"engine": plan.engine} if plan.engine else {}
         result = simulate(trace, own, run_cap // trace.block_size, **kwargs)
         found = fidelity(source, result)
-    return Outcome(summaries, found)
+    return Outcome(summaries, found, notes)
+
+
+def lru_in_one_pass(
+    source: Source, plan: Plan, ms_per_token: float | None
+) -> tuple[dict[int, Summary], list[str]]:
+    """LRU's capacities that one compiled pass over stack distances answers exactly
+    (simulate.sweep_lru): {capacity tokens: summary}, and notes saying which were and why the
+    others were simulated. Tried on vLLM's semantics without a host tier, and only where the
+    compiled paths pay (compiled.worth_compiling: the trace's keys times LRU's capacities)."""
+    trace = source.trace
+    if "lru" not in plan.policies or plan.engine not in (None, "vllm") or plan.host_blocks:
+        return {}, []
+    if not worth_compiling(len(trace.keys) * len(plan.capacities)):
+        return {}, []
+    bs = trace.block_size
+    results, why = sweep_lru(
+        trace,
+        [cap // bs for cap in plan.capacities],
+        cache_outputs=plan.cache_outputs,
+        in_request=plan.in_request,
+    )
+    swept = {
+        cap: replace(
+            summarize(trace, results[cap // bs], ms_per_token, plan.load_ms_per_block),
+            requested_capacity_tokens=cap,
+        )
+        for cap in plan.capacities
+        if cap // bs in results
+    }
+    notes = []
+    if swept:
+        n = len(swept)
+        notes.append(
+            f"lru at {n} capacit{'y' if n == 1 else 'ies'} ({', '.join(f'{c:,}' for c in swept)}"
+            " tokens): one pass over LRU stack distances (equal to simulating each)"
+        )
+    reasons = sorted({why[cap // bs] for cap in plan.capacities if cap // bs in why})
+    if reasons:
+        left = [cap for cap in plan.capacities if cap // bs in why]
+        notes.append(
+            f"lru simulated capacity by capacity at {', '.join(f'{c:,}' for c in left)} "
+            f"tokens: {'; '.join(reasons)}"
+        )
+    return swept, notes
 
 
 def run_cell(

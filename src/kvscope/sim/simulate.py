@@ -29,6 +29,9 @@ In-request order (IN_REQUEST, vLLM semantics): "tail-first", the engine's (vLLM 
 request's blocks in reverse, so its last block is the least recent), or "head-first" (its first
 block is, as kvlint's and prefixlens' LRU touch a prompt's blocks in order). SGLang's radix
 cache evicts leaves, so its order is always tail first.
+
+`sweep_lru(trace, capacities, ...)`: LRU at many capacities in one compiled pass over stack
+distances (caches/stack.py), for the capacities where that equals `simulate` exactly.
 """
 
 from __future__ import annotations
@@ -113,19 +116,53 @@ def simulate(
     return replace(result, caching=caching, in_request=in_request)
 
 
+def sweep_lru(
+    trace: Trace,
+    capacities: Sequence[int],
+    *,
+    engine: str = "vllm",
+    host_blocks: int = 0,
+    cache_outputs: bool = True,
+    in_request: str = "tail-first",
+) -> tuple[dict[int, SimResult], dict[int, str]]:
+    """LRU at many capacities (blocks) in one compiled pass, where that equals `simulate(trace,
+    "lru", c, ...)` exactly (caches/stack.py: vLLM semantics, prompt-only caching, no host
+    tier, requests that do not overlap in time, ...): ({capacity: its SimResult}, {capacity:
+    why it must be simulated on its own}). The caller simulates the capacities of the second."""
+    caps = sorted(set(capacities))
+    if engine != "vllm" or host_blocks:
+        return {}, dict.fromkeys(caps, "only vLLM's block pool without a host tier is a stack")
+    if cache_outputs:
+        return {}, dict.fromkeys(caps, "output blocks take cache space (--cache-outputs)")
+    if in_request not in IN_REQUEST:
+        raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
+    from kvscope.sim.caches.stack import lru_sweep
+
+    found, why = lru_sweep(prompt_only(trace), caps, head_first=in_request == IN_REQUEST[1])
+    done = {c: replace(r, caching=CACHING[1], in_request=in_request) for c, r in found.items()}
+    return done, why
+
+
 COMPILED_POLICIES = ("lru", "belady", "none")  # what vLLM's compiled pool runs
 
 
-def prepare(trace: Trace, cells: Sequence[tuple[str, int]], engine: str | None = None) -> bool:
+def prepare(
+    trace: Trace,
+    cells: Sequence[tuple[str, int]],
+    engine: str | None = None,
+    run: Sequence[tuple[str, int]] | None = None,
+) -> bool:
     """Whether the (policy, capacity) `cells` of a sweep over `trace` run vLLM's pool compiled
-    (their blocks together make it pay: compiled.worth_compiling); if so its code is loaded and
-    the trace's keys factorized now, once (before a grid forks its workers, which inherit it)."""
+    (their blocks together make it pay: compiled.worth_compiling); if so, and some of the cells
+    that still `run` (default: all) are the pool's, its code is loaded and the trace's keys
+    factorized now, once (before a grid forks its workers, which inherit it)."""
     n = sum(p in COMPILED_POLICIES for p, _ in cells) if engine in (None, "vllm") else 0
     if not n or not worth_compiling(n * len(trace.keys)):
         return False
-    from kvscope.sim.caches.pool_compiled import warm
+    if any(p in COMPILED_POLICIES for p, _ in (cells if run is None else run)):
+        from kvscope.sim.caches.pool_compiled import warm
 
-    warm(trace)
+        warm(trace)
     return True
 
 
