@@ -81,7 +81,7 @@ def simulate_compiled(
         preempted=preempted,
         evictions=int(evictions),
         seconds=time.perf_counter() - started,
-        **_harm_rows(harm),
+        **harm_rows(harm),
     )
 
 
@@ -107,10 +107,12 @@ def warm(trace: Trace) -> None:
             np.int64(1), np.int64(1), True, False, empty, LRU, *_NO_KEYS)  # fmt: skip
 
 
-def _harm_rows(harm: np.ndarray) -> dict[str, np.ndarray]:
-    """The kernel's (request, evictor << 32 | (owner + 1), blocks) rows, distinct within a
-    request -> pool.harm_arrays' rows, sorted by (request, evictor, owner)."""
-    harm = harm[np.lexsort((harm[:, 1], harm[:, 0]))]
+def harm_rows(harm: np.ndarray, presorted: bool = False) -> dict[str, np.ndarray]:
+    """A kernel's (request, evictor << 32 | (owner + 1), blocks) rows, distinct within a
+    request -> pool.harm_arrays' rows, sorted by (request, evictor, owner) (`presorted`: they
+    are already)."""
+    if not presorted:
+        harm = harm[np.lexsort((harm[:, 1], harm[:, 0]))]
     return {
         "harm_request": harm[:, 0].copy(),
         "harm_evictor": harm[:, 1] >> 32,

@@ -44,6 +44,7 @@ import numpy as np
 
 from kvscope.sim.caches.events import event_order
 from kvscope.sim.caches.key_ids import key_ids
+from kvscope.sim.caches.pool_compiled import harm_rows
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.trace import Trace
 
@@ -150,20 +151,6 @@ def _pass(
             preempted=np.zeros(n, dtype=bool),
             evictions=int(evictions[k]),
             seconds=0.0,
-            **_harm_rows(harm[ends[k] : ends[k + 1]], increasing),
+            **harm_rows(harm[ends[k] : ends[k + 1]], presorted=increasing),
         )
     return results, why
-
-
-def _harm_rows(harm: np.ndarray, increasing: bool) -> dict[str, np.ndarray]:
-    """One capacity's (request, evictor << 32 | (owner + 1), blocks) rows from the kernel (in
-    step order, sorted within a request) -> pool.harm_arrays' rows, sorted by (request,
-    evictor, owner): already, where the steps take the requests in increasing order."""
-    if not increasing:
-        harm = harm[np.lexsort((harm[:, 1], harm[:, 0]))]
-    return {
-        "harm_request": harm[:, 0].copy(),
-        "harm_evictor": harm[:, 1] >> 32,
-        "harm_owner": (harm[:, 1] & 0xFFFFFFFF) - 1,
-        "harm_blocks": harm[:, 2].copy(),
-    }
