@@ -9,13 +9,15 @@ they are kept in. The CLI (cli/replay.py) parses, shows progress and prints; not
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs.sources import Source
-from kvscope.sim.plan import Plan, make_plan, run_plan, split_list
+from kvscope.sim.plan import Outcome, Plan, make_plan, order_note, run_plan, split_list
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 
 
@@ -67,6 +69,55 @@ def replay_document(
     document whatever the number; 1 runs them here, one after another)."""
     fit = fitted_cost(source)
     outcome = run_plan(source, plan, fit["ms_per_token"] if fit else None, on_step, jobs)
+    return _document(source, source_path, plan, fit, outcome)
+
+
+def streamed_document(
+    path: Path,
+    block_size: int | None,
+    capacity_tokens: int,
+    cache_outputs: bool | None = None,
+    in_request: str | None = None,
+) -> dict[str, Any] | None:
+    """`replay_document` of LRU at one capacity on a trace file, replayed as it is read
+    (sim/streamed.py: the trace's keys are never all in memory); None where its requests are not
+    in start order (then the trace must be read whole, which sorts them)."""
+    from kvscope.sim.inputs.rows import KeyChunks, Rows
+    from kvscope.sim.inputs.sources import trace_reads
+    from kvscope.sim.results.summary import summarize
+    from kvscope.sim.streamed import NotInOrder, stream_lru
+
+    read = trace_reads(path, block_size)
+    bs = read.block_size
+    if capacity_tokens < bs:  # make_plan's refusals, before the trace is read
+        raise KvscopeError(f"capacity {capacity_tokens} tokens is less than one block of {bs}")
+    order = in_request or IN_REQUEST[0]
+    order_note(order, None, ["lru"])
+    cache = bool(cache_outputs)  # a trace's default: prompt-only
+    try:
+        result, columns = stream_lru(
+            read.chunks, bs, capacity_tokens // bs, cache_outputs=cache, in_request=order
+        )
+    except NotInOrder:
+        return None
+    rows, keys = Rows(), KeyChunks()
+    for c in columns:  # the requests without their keys: what the summary and notes need
+        rows.add(c)
+        keys.add_flat(np.zeros(0, dtype=np.uint64), np.zeros(len(c.ids), dtype=np.int64))
+    source = Source(read.kind, rows.trace(path, bs, keys), notes=read.notes)
+    plan = plan_of(source, "lru", str(capacity_tokens), None, cache, order)
+    summary = replace(summarize(source.trace, result), requested_capacity_tokens=capacity_tokens)
+    streamed = (
+        "lru replayed as the trace was read (its requests came in start order): its block keys "
+        "were never all in memory; seconds include the reading"
+    )
+    return _document(source, path, plan, None, Outcome([summary], None, [streamed]))
+
+
+def _document(
+    source: Source, source_path: Path, plan: Plan, fit: dict[str, Any] | None, outcome: Outcome
+) -> dict[str, Any]:
+    """replay.json's document (report.replay_section describes it)."""
     notes = [*source.notes, *plan.notes, *outcome.notes]
     notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
     return {

@@ -59,6 +59,29 @@ def replay_with_progress(
         )  # fmt: skip
 
 
+STREAM_FROM_BYTES = 32 << 20  # a trace file this large is replayed as it is read, where it can
+
+
+def streamed(
+    source: Path, block_size: int | None, policy: str | None, capacity_tokens: str | None,
+    cache_outputs: bool | None, in_request: str | None,
+) -> dict[str, Any] | None:  # fmt: skip
+    """replaying.streamed_document where it applies: LRU at one capacity, on a trace file of
+    STREAM_FROM_BYTES or more (smaller ones replay faster whole, without compiled code) whose
+    requests come in start order; else None (the trace is read whole)."""
+    if policy is None or [p.strip() for p in policy.split(",")] != ["lru"]:
+        return None
+    caps = (capacity_tokens or "").split(",")
+    if len(caps) != 1 or not caps[0].strip().replace("_", "").isdigit():
+        return None
+    if not source.is_file() or source.stat().st_size < STREAM_FROM_BYTES:
+        return None
+    from kvscope.replaying import streamed_document
+
+    cap = int(caps[0].strip().replace("_", ""))
+    return streamed_document(source, block_size, cap, cache_outputs, in_request)
+
+
 @friendly
 def replay(
     source: Annotated[
@@ -210,26 +233,34 @@ def replay(
     from kvscope.replaying import export, write_replay
     from kvscope.sim.inputs.sources import load_source
 
-    loaded = load_source(source, block_size)
-    if to_tokens is not None and loaded.run_dir is None:
-        raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
-    tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
-    from kvscope.sim.grid import default_jobs
-
     if jobs is not None and jobs < 1:
         raise KvscopeError(f"--jobs must be at least 1, got {jobs}")
-    doc = replay_with_progress(
-        loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order,
-        jobs or default_jobs(),
-    )  # fmt: skip
+    tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
+    plain = not (any(v for v in tier.values()) or to_mooncake or to_tokens)
+    doc = (
+        streamed(source, block_size, policy, capacity_tokens, cache_outputs, in_request_order)
+        if plain
+        else None
+    )
+    if doc is None:
+        from kvscope.sim.grid import default_jobs
+
+        loaded = load_source(source, block_size)
+        if to_tokens is not None and loaded.run_dir is None:
+            raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
+        doc = replay_with_progress(
+            loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order,
+            jobs or default_jobs(),
+        )  # fmt: skip
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc["results"], indent=2))
         console.print(f"written: {json_out}", highlight=False)
-    for path in export(loaded, to_mooncake, to_tokens):
-        console.print(f"written: {path}", highlight=False)
+    if not plain:
+        for path in export(loaded, to_mooncake, to_tokens):
+            console.print(f"written: {path}", highlight=False)
     if doc["kind"] == "run" and not no_write:
         written = write_replay(source, doc)
         console.print(f"written: {', '.join(str(f) for f in written)}", highlight=False)

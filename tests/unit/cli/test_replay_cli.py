@@ -281,3 +281,29 @@ def test_the_in_request_order_is_an_option_said_in_each_result(tmp_path: Path) -
     result = runner.invoke(app, ["replay", str(sglang), "--in-request-order", "head-first"])
     assert result.exit_code == 2
     assert "head-first is simulated on vLLM's block pool only" in result.output
+
+
+@pytest.mark.parametrize("tokens_as", [".jsonl", ".arrow"])
+@pytest.mark.parametrize("options", [[], ["--cache-outputs", "--in-request-order", "head-first"]])
+def test_a_large_trace_is_replayed_as_it_is_read_to_the_same_numbers(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokens_as: str, options: list[str]
+) -> None:
+    from kvscope.cli import replay as replay_cli
+
+    moon, toks = tmp_path / "m.jsonl", tmp_path / f"t{tokens_as}"
+    args = ["replay", str(run), "--no-write", "--to-mooncake", str(moon), "--to-tokens", str(toks)]
+    assert runner.invoke(app, args).exit_code == 0
+    for trace in (moon, toks):
+        results = []
+        for threshold, streamed in ((1 << 60, False), (0, True)):
+            monkeypatch.setattr(replay_cli, "STREAM_FROM_BYTES", threshold)
+            out = tmp_path / f"{trace.name}.{streamed}.json"
+            args = ["replay", str(trace), "--block-size", "128", "--policy", "lru",
+                    "--capacity-tokens", "3456", "--json", str(out), *options]  # fmt: skip
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.output
+            assert ("as the trace was read" in result.output) is streamed
+            (row,) = json.loads(out.read_text())
+            results.append({k: v for k, v in row.items() if k != "seconds"})
+        assert results[0] == results[1], trace.name
+        assert results[0]["harm"] and results[0]["evictions"]  # not a replay without evictions

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from kvscope.errors import KvscopeError
 from kvscope.records.base import ArrowBatches, joined
-from kvscope.sim.inputs.rows import Columns, Hasher, Rows
+from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
 from kvscope.sim.trace import Trace
 
 MAGIC_FILE = b"ARROW1"
@@ -45,18 +45,24 @@ def _head(path: Path) -> bytes:
 
 def read_arrow_tokens(path: Path, block_size: int) -> tuple[Trace, list[str]]:
     """An Arrow token-id trace (see the module doc) and notes about it."""
-    rows, hasher = Rows(), Hasher(block_size)
-    missing = 0
+    notes: list[str] = []
+    return gathered(path, block_size, arrow_reads(path, block_size, notes)), notes
+
+
+def arrow_reads(path: Path, block_size: int, notes: list[str]) -> Iterator[Read]:
+    """Its requests a group of batches at a time, in file order, prompts hashed into block
+    keys; once read to the end, `notes` has what to say about it."""
+    hasher, count, missing = Hasher(block_size), 0, 0
     batches = None if _head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
     for group in joined(batches if batches is not None else _file_batches(path), GROUP_BYTES):
-        columns, flat, counts, absent = _read(path, group, rows.count)
+        columns, flat, counts, absent = _read(path, group, count)
         missing += absent
-        rows.add(columns)
-        hasher.add(flat, counts)
-    notes = [f"{missing} requests without output_length: replayed with 0"] if missing else []
+        count += len(columns.ids)
+        yield columns, *hasher.keys_of(flat, counts)
+    if missing:
+        notes.append(f"{missing} requests without output_length: replayed with 0")
     if batches is not None and batches.torn:
         notes.append(f"{path}: the stream's last batch is cut short: read up to the one before")
-    return rows.trace(path, block_size, hasher.keys), notes
 
 
 def _file_batches(path: Path) -> Iterator[pa.RecordBatch]:

@@ -22,6 +22,7 @@ trace's.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from kvscope.records import blockkey
 from kvscope.records.blockkey import within
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.chunks import Chunk
-from kvscope.sim.inputs.rows import Columns, Hasher, KeyChunks, Rows
+from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
 from kvscope.sim.trace import Trace
 
 
@@ -133,17 +134,13 @@ def _block_size_check(path: Path, n: int, ids: int, length: int, block_size: int
 
 def read_mooncake(path: Path, block_size: int) -> Trace:
     """A Mooncake trace: `hash_ids` are the block keys (see the module doc)."""
-    rows, keys = Rows(), KeyChunks()
+    return gathered(path, block_size, mooncake_reads(path, block_size))
+
+
+def mooncake_reads(path: Path, block_size: int) -> Iterator[Read]:
+    """A Mooncake trace's requests a chunk at a time, in file order (`read_mooncake`'s)."""
     for chunk in chunks.read(path, "hash_ids", np.uint64):
-        columns, flat, counts = _mooncake_whole(chunk, block_size) or _mooncake_lines(
-            path, chunk, block_size
-        )
-        rows.add(columns)
-        keys.add_flat(flat, counts)
-    return rows.trace(path, block_size, keys)
-
-
-Read = tuple[Columns, np.ndarray, np.ndarray]  # a chunk's columns, keys flat, keys per request
+        yield _mooncake_whole(chunk, block_size) or _mooncake_lines(path, chunk, block_size)
 
 
 def _mooncake_whole(chunk: Chunk, block_size: int) -> Read | None:
@@ -228,16 +225,22 @@ def _columns(
 
 def read_token_trace(path: Path, block_size: int) -> tuple[Trace, list[str]]:
     """A token-id trace: keys are chained from the token ids (see the module doc); and notes."""
-    rows, hasher = Rows(), Hasher(block_size)
-    no_output = 0
+    notes: list[str] = []
+    return gathered(path, block_size, token_reads(path, block_size, notes)), notes
+
+
+def token_reads(path: Path, block_size: int, notes: list[str]) -> Iterator[Read]:
+    """A token-id trace's requests a chunk at a time, in file order, their prompts hashed into
+    block keys; once read to the end, `notes` has what to say about it."""
+    hasher, count, no_output = Hasher(block_size), 0, 0
     for chunk in chunks.read(path, "token_ids"):
-        read = _tokens_whole(chunk, rows.count) or _tokens_lines(path, chunk, rows.count)
+        read = _tokens_whole(chunk, count) or _tokens_lines(path, chunk, count)
         columns, flat, counts, missing = read
         no_output += missing
-        rows.add(columns)
-        hasher.add(flat, counts)
-    notes = [f"{no_output} requests without output_length: replayed with 0"] if no_output else []
-    return rows.trace(path, block_size, hasher.keys), notes
+        count += len(columns.ids)
+        yield columns, *hasher.keys_of(flat, counts)
+    if no_output:
+        notes.append(f"{no_output} requests without output_length: replayed with 0")
 
 
 def _tokens_whole(chunk: Chunk, before: int) -> tuple[Columns, np.ndarray, np.ndarray, int] | None:

@@ -1,8 +1,10 @@
-"""A trace file's requests as read, in file order, gathered a chunk at a time into a Trace; their
-prompts' token ids hashed into block keys as they are read (Hasher)."""
+"""A trace file's requests as read, in file order, a chunk at a time (`Read`s): gathered into a
+Trace (`gathered`), or replayed as they come (sim/streamed.py); their prompts' token ids hashed
+into block keys as they are read (Hasher)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,33 @@ class Columns:
     agents: list[Label]
     workflows: list[Label]
     previous: list[Label | bool]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @staticmethod
+    def joined(parts: list[Columns]) -> Columns:
+        """The parts' requests one after another."""
+
+        def flat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(x, name) for x in parts])
+
+        def listed(name: str) -> list:
+            return [v for x in parts for v in getattr(x, name)]
+
+        arrays = (flat(n) for n in ("start_ms", "end_ms", "prompt", "output"))
+        return Columns(
+            listed("ids"), *arrays, *(listed(n) for n in ("agents", "workflows", "previous"))
+        )
+
+    def take(self, idx: np.ndarray) -> Columns:
+        """The requests at `idx`, in that order."""
+        pick = idx.tolist()
+        lists = ([getattr(self, n)[i] for i in pick] for n in ("agents", "workflows", "previous"))
+        return Columns(
+            [self.ids[i] for i in pick], self.start_ms[idx], self.end_ms[idx], self.prompt[idx],
+            self.output[idx], *lists,
+        )  # fmt: skip
 
 
 @dataclass
@@ -92,6 +121,18 @@ def _previous_agents(agents: list[Label], workflows: list[Label]) -> list[Label]
     return out
 
 
+Read = tuple[Columns, np.ndarray, np.ndarray]  # a chunk's columns, keys flat, keys per request
+
+
+def gathered(source: Path, block_size: int, reads: Iterable[Read]) -> Trace:
+    """A reader's chunks (file order) gathered into a Trace, sorted by start."""
+    rows, keys = Rows(), KeyChunks()
+    for columns, flat, counts in reads:
+        rows.add(columns)
+        keys.add_flat(flat, counts)
+    return rows.trace(source, block_size, keys)
+
+
 class KeyChunks:
     """Requests' block keys in file order, gathered a few thousand requests at a time into
     flat uint64 chunks: the per-line arrays are freed as the file is read (their memory is
@@ -153,11 +194,11 @@ class Hasher:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.keys = KeyChunks()  # per prompt, in the order added
         self.blocks = 0  # keys made so far
 
-    def add(self, flat: np.ndarray, counts: np.ndarray) -> None:
-        """Prompts laid end to end in `flat`, `counts[i]` tokens for the i-th."""
+    def keys_of(self, flat: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys flat, keys per prompt) of prompts laid end to end in `flat`, `counts[i]`
+        tokens for the i-th."""
         if worth_compiling(self.blocks + len(flat) // self.block_size):
             from kvscope.sim.inputs.chain_kernel import keys_of
 
@@ -166,7 +207,7 @@ class Hasher:
             keys, _, offsets = blockkey.prompt_blocks(Flat(flat, counts), self.block_size, False)
             per_prompt = np.diff(offsets)
         self.blocks += len(keys)
-        self.keys.add_flat(keys, per_prompt)
+        return keys, per_prompt
 
 
 class Flat:

@@ -30,7 +30,7 @@ sim/inputs/jsonl.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ import numpy as np
 
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs import arrow_tokens, chunks, jsonl
+from kvscope.sim.inputs.rows import Read, gathered
 from kvscope.sim.trace import Trace, chain_keys
 
 if TYPE_CHECKING:  # a run directory's readers load with one (pyarrow, finalize): not for a trace
@@ -82,18 +83,40 @@ def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
         return load_run(path, block_size)
+    read = trace_reads(path, block_size)
+    trace = gathered(path, read.block_size, read.chunks)
+    return Source(read.kind, trace, notes=read.notes)
+
+
+@dataclass(frozen=True)
+class TraceReads:
+    """A trace file being read: its kind (KINDS), block size, requests a chunk at a time in file
+    order, and the notes about it (complete once the chunks are read to the end)."""
+
+    kind: str
+    block_size: int
+    chunks: Iterator[Read]
+    notes: list[str]
+
+
+def trace_reads(path: Path, block_size: int | None) -> TraceReads:
+    """A trace file read as `load_source` reads it (the same checks and errors), a chunk at a
+    time: for a replay that does not hold the trace (sim/streamed.py)."""
+    notes: list[str] = []
+    if not path.is_file():
+        raise KvscopeError(f"{path} is not a trace file")
     if arrow_tokens.is_arrow(path):
         bs = _need_block_size(block_size, path, "an Arrow token-id trace")
-        trace, notes = arrow_tokens.read_arrow_tokens(path, bs)
-        return Source("tokens", trace, notes=notes)
+        return TraceReads("tokens", bs, arrow_tokens.arrow_reads(path, bs, notes), notes)
     first = next(chunks.lines(path), None)
     if first is None:
         raise KvscopeError(f"{path} is empty: no requests to replay")
-    _, row, _ = first
-    if "hash_ids" in row:
-        return load_mooncake(path, _need_block_size(block_size, path, "a Mooncake trace"))
-    if "token_ids" in row:
-        return load_token_trace(path, _need_block_size(block_size, path, "a token-id trace"))
+    if "hash_ids" in first[1]:
+        bs = _need_block_size(block_size, path, "a Mooncake trace")
+        return TraceReads("mooncake", bs, jsonl.mooncake_reads(path, bs), notes)
+    if "token_ids" in first[1]:
+        bs = _need_block_size(block_size, path, "a token-id trace")
+        return TraceReads("tokens", bs, jsonl.token_reads(path, bs, notes), notes)
     raise KvscopeError(
         f"{path}:{first[0]}: neither a Mooncake line (hash_ids) nor a token-id line (token_ids)"
     )
@@ -251,17 +274,3 @@ def _stored_block_hit(
         return common > (rows[j].get("cached_tokens") or 0) // block_size
 
     return after
-
-
-# --- JSONL traces (sim/inputs/jsonl.py) --------------------------------------------------------
-
-
-def load_mooncake(path: Path, block_size: int) -> Source:
-    """A Mooncake trace: `hash_ids` are the block keys (see module doc)."""
-    return Source("mooncake", jsonl.read_mooncake(path, block_size))
-
-
-def load_token_trace(path: Path, block_size: int) -> Source:
-    """A token-id trace: keys are chained from the token ids (see module doc)."""
-    trace, notes = jsonl.read_token_trace(path, block_size)
-    return Source("tokens", trace, notes=notes)
