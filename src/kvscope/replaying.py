@@ -7,6 +7,7 @@ they are kept in. The CLI (cli/replay.py) parses, shows progress and prints; not
     exported = export(source, to_mooncake=..., to_tokens=...)   # the trace formats
 """
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -85,7 +86,7 @@ def streamed_document(
     from kvscope.sim.inputs.rows import KeyChunks, Rows
     from kvscope.sim.inputs.sources import trace_reads
     from kvscope.sim.results.summary import summarize
-    from kvscope.sim.streamed import NotInOrder, stream_lru
+    from kvscope.sim.streamed import CannotStream, stream_lru
 
     read = trace_reads(path, block_size)
     bs = read.block_size
@@ -94,11 +95,16 @@ def streamed_document(
     order = in_request or IN_REQUEST[0]
     order_note(order, None, ["lru"])
     cache = bool(cache_outputs)  # a trace's default: prompt-only
+    chunks = iter(read.chunks)
+    first = next(chunks, None)
+    labels = [] if first is None else [*first[0].agents, *first[0].workflows]
+    named = any(v is not None for v in labels)  # harm is reported by agent
     try:
         result, columns = stream_lru(
-            read.chunks, bs, capacity_tokens // bs, cache_outputs=cache, in_request=order
-        )
-    except NotInOrder:
+            itertools.chain([first] if first else [], chunks), bs, capacity_tokens // bs,
+            cache_outputs=cache, in_request=order, attribute=named,
+        )  # fmt: skip
+    except CannotStream:
         return None
     rows, keys = Rows(), KeyChunks()
     for c in columns:  # the requests without their keys: what the summary and notes need
@@ -107,11 +113,17 @@ def streamed_document(
     source = Source(read.kind, rows.trace(path, bs, keys), notes=read.notes)
     plan = plan_of(source, "lru", str(capacity_tokens), None, cache, order)
     summary = replace(summarize(source.trace, result), requested_capacity_tokens=capacity_tokens)
-    streamed = (
+    notes = [
         "lru replayed as the trace was read (its requests came in start order): its block keys "
         "were never all in memory; seconds include the reading"
-    )
-    return _document(source, path, plan, None, Outcome([summary], None, [streamed]))
+    ]
+    if not named:
+        notes.append(
+            "harmful evictions not attributed (null): no request names an agent or a workflow, "
+            "and keeping every evicted key to attribute them would hold memory in proportion "
+            "to the trace"
+        )
+    return _document(source, path, plan, None, Outcome([summary], None, notes))
 
 
 def _document(

@@ -128,7 +128,7 @@ def _harm_table(results: Sequence[dict[str, Any]]) -> Table | None:
             fmt(h["tokens"], "int"),
         ]
         for r in results
-        for h in r["harm"]
+        for h in r["harm"] or []
     ]
     if not rows:
         return None
@@ -244,7 +244,7 @@ def replay_sections(doc: dict[str, Any], image: str | None = None) -> list[Secti
         else "TTFT saved: null (no prefill cost could be fitted from the source)"
     )
     harm, tiers = _harm_table(results), _tier_table(results)
-    if harm is None:
+    if harm is None and all(r["harm"] is not None for r in results):
         notes.append("harmful evictions: none in any replay")
     main = Section(
         "replay",

@@ -34,8 +34,12 @@ from kvscope.sim.inputs.rows import Columns
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 
 
-class NotInOrder(Exception):
-    """The trace's requests are not in start order: it cannot be replayed as it is read."""
+class CannotStream(Exception):
+    """The trace cannot be replayed as it is read (the message says why): read it whole."""
+
+
+class NotInOrder(CannotStream):
+    """A request starts before one already replayed: the trace is not in start order."""
 
 
 class _Pool:
@@ -57,7 +61,7 @@ class _Pool:
         self.arena = np.empty(1 << 16, dtype=np.int32)
         self.running = tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
 
-    def reserve(self, requests: int, demand: int) -> None:
+    def reserve(self, requests: int, demand: int, attribute: bool) -> None:
         """Room for `requests` requests in all and `demand` more blocks taken."""
         used = min(self.cap, int(self.sc[k.FRESH]) + demand)
         if used > len(self.blocks[0]):
@@ -65,7 +69,8 @@ class _Pool:
             fills = zip(self.blocks, self.BLOCK_FILL, strict=True)
             self.blocks = tuple(_grown(a, size, f) for a, f in fills)
         self.first = _room(self.first, int(self.sc[k.NFIRST]) + min(demand, self.cap))
-        self.evicted = _room(self.evicted, int(self.sc[k.NEVICTED]) + demand)
+        if attribute:
+            self.evicted = _room(self.evicted, int(self.sc[k.NEVICTED]) + demand)
         if requests > len(self.running[0]):
             size = max(requests, 2 * len(self.running[0]))
             self.running = tuple(_grown(a, size, 0) for a in self.running)
@@ -92,8 +97,12 @@ def stream_lru(
     *,
     cache_outputs: bool = True,
     in_request: str = IN_REQUEST[0],
+    attribute: bool = True,
 ) -> tuple[SimResult, list[Any]]:
-    """(the replay's SimResult, the chunks' Columns in order): see the module doc."""
+    """(the replay's SimResult, the chunks' Columns in order): see the module doc.
+    `attribute` False: no harm rows, and no table of evicted keys (memory then follows the cache
+    alone); a request that names an agent or a workflow, whose harm would be reported, raises
+    CannotStream."""
     if in_request not in IN_REQUEST:
         raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
     started = time.perf_counter()
@@ -106,6 +115,8 @@ def stream_lru(
     while chunk is not None:
         cols, keys, counts = chunk
         chunk = next(chunks, None)
+        if not attribute and any(x is not None for x in (*cols.agents, *cols.workflows)):
+            raise CannotStream("a request names an agent or a workflow: its harm is reported")
         start, end = cols.start_ms / 1e3, cols.end_ms / 1e3  # Rows.trace's seconds
         m = len(start)
         if m and (start[0] < last_start or (np.diff(start) < 0).any()):
@@ -118,14 +129,15 @@ def stream_lru(
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         reqs, kinds, carried = _events(base, start, end, carried, chunk is None)
-        pool.reserve(base + m, int(np.maximum(-(-(prompt + output - 1) // bs), 0).sum()))
+        demand = int(np.maximum(-(-(prompt + output - 1) // bs), 0).sum())
+        pool.reserve(base + m, demand, attribute)
         out_cached, out_pre = np.zeros(m, np.int64), np.zeros(m, np.bool_)
         rows = np.empty((len(keys) + 1, 3), dtype=np.int64)
         pool.arena, nharm = k.run_chunk(
             reqs, kinds, base, prompt, output, offsets,
             np.ascontiguousarray(keys, dtype=np.uint64), bs, pool.cap,
-            in_request == IN_REQUEST[1], pool.sc, pool.blocks, *pool.first, *pool.evicted,
-            pool.arena, pool.running, out_cached, out_pre, rows,
+            in_request == IN_REQUEST[1], attribute, pool.sc, pool.blocks, *pool.first,
+            *pool.evicted, pool.arena, pool.running, out_cached, out_pre, rows,
         )  # fmt: skip
         columns.append(cols)
         cached.append(out_cached)
@@ -143,6 +155,7 @@ def stream_lru(
         seconds=time.perf_counter() - started,
         caching=CACHING[0] if cache_outputs else CACHING[1],
         in_request=in_request,
+        attributed=attribute,
         **harm_rows(np.concatenate(harm) if harm else np.zeros((0, 3), np.int64)),
     )
     return result, columns

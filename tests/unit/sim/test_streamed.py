@@ -14,7 +14,7 @@ from sim_helpers import make_trace, random_trace
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.inputs.rows import Columns
 from kvscope.sim.simulate import simulate
-from kvscope.sim.streamed import NotInOrder, stream_lru
+from kvscope.sim.streamed import CannotStream, NotInOrder, stream_lru
 from kvscope.sim.trace import Trace
 
 
@@ -129,3 +129,19 @@ def test_a_start_before_one_already_replayed_is_refused() -> None:
 def test_no_requests() -> None:
     result, columns = stream_lru(iter([]), 4, 8)
     assert len(result.cached_blocks) == 0 and columns == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_without_attribution_the_same_hits_and_no_harm_rows(seed: int) -> None:
+    made = _messy(seed)  # no agents, no workflows
+    tr = replace(made, start_s=made.start_s * 1e3 / 1e3, end_s=made.end_s * 1e3 / 1e3)
+    for cap in (3, 9, 40):
+        want = simulate(tr, "lru", cap, compiled=True)
+        got, _ = stream_lru(_reads(tr, [17, 50]), tr.block_size, cap, attribute=False)
+        assert got.cached_blocks.tolist() == want.cached_blocks.tolist()
+        assert got.preempted.tolist() == want.preempted.tolist()
+        assert got.evictions == want.evictions
+        assert not got.attributed and len(got.harm_request) == 0
+    named = random_trace(seed)  # names agents: its harm would be reported
+    with pytest.raises(CannotStream):
+        stream_lru(_reads(named, []), named.block_size, 8, attribute=False)

@@ -40,6 +40,7 @@ class SimResult:
     caching: str = "cache-outputs"
     # which of a request's blocks is evicted first: "tail-first" (the engines') or "head-first"
     in_request: str = "tail-first"
+    attributed: bool = True  # False: evictions were not attributed (no harm rows: not measured)
 
     @property
     def cached_tokens(self) -> np.ndarray:

@@ -125,6 +125,7 @@ def run_chunk(
     bs: int,
     cap: int,
     head_first: bool,
+    attribute: bool,
     sc: np.ndarray,
     blocks: tuple,
     first_key: np.ndarray,
@@ -140,7 +141,8 @@ def run_chunk(
     """One chunk's events (request, 1 start / 0 end; requests named by global index, a start's
     request at `base` + its place in the chunk's prompt/output/offsets/keys): cached blocks and
     preemption of its requests into `cached`, `preempted` (by place in the chunk), its harm rows
-    into `harm`. Returns the arena (a new array when it grew) and the harm rows written."""
+    into `harm` (`attribute` False: none, and no evicted key is kept). Returns the arena (a new
+    array when it grew) and the harm rows written."""
     blank, ref, state, key_of, owner_of, dnext, dprev, seen, qnext, qprev, inq = blocks
     hstart, hn, live, live_at = running
     nharm = 0
@@ -189,7 +191,7 @@ def run_chunk(
             _queue_remove(qnext, qprev, inq, sc, mine[t])
         cached[c] = h
         g0 = nharm  # harm: a missed key whose last copy someone evicted, counted by who
-        for j in range(h, nkeys):
+        for j in range(h, nkeys if attribute else h):
             key = keys[lo + j]
             if first_val[_find(first_key, first_val, key)] != -2:
                 continue
@@ -255,6 +257,8 @@ def run_chunk(
                     else:
                         _delete(first_key, first_val, s)
                         sc[NFIRST] -= 1
+                        if not attribute:
+                            continue
                         v = _find(ev_key, ev_val, key)
                         if ev_val[v] == -2:
                             ev_key[v] = key
@@ -313,9 +317,10 @@ def run_chunk(
                 first_key[s] = key
                 first_val[s] = b
                 sc[NFIRST] += 1
-                v = _find(ev_key, ev_val, key)
-                if ev_val[v] != -2:
-                    ev_val[v] = -1
+                if attribute:
+                    v = _find(ev_key, ev_val, key)
+                    if ev_val[v] != -2:
+                        ev_val[v] = -1
             key_of[b] = key
             state[b] = KEYED
             owner_of[b] = i

@@ -52,7 +52,7 @@ class Summary:
     evictions: int
     per_agent: dict[str, dict[str, int]]
     per_transition: dict[str, dict[str, int]]
-    harm: list[dict[str, Any]]
+    harm: list[dict[str, Any]] | None  # None: not attributed (SimResult.attributed)
     ttft_saved_ms: float | None
     seconds: float
     tiers: dict[str, Any] | None = None  # tiered.tier_numbers, with a host tier only
@@ -169,7 +169,7 @@ def summarize(
         evictions=int(result.evictions),
         per_agent=_grouped(lab.agent_names, lab.agent_codes, prompt, cached),
         per_transition=_grouped(lab.transition_names, lab.transition_codes, prompt, cached),
-        harm=harm_pairs(trace, result),
+        harm=harm_pairs(trace, result) if result.attributed else None,
         ttft_saved_ms=saved,
         seconds=float(result.seconds),
         tiers=tiers,
