@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kvscope.sim.caches import stream_kernel as k
 from kvscope.sim.caches.pool_compiled import harm_rows
 from kvscope.sim.caches.result import SimResult
-from kvscope.sim.inputs.rows import Columns
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 
 
@@ -99,7 +98,8 @@ def stream_lru(
     in_request: str = IN_REQUEST[0],
     attribute: bool = True,
 ) -> tuple[SimResult, list[Any]]:
-    """(the replay's SimResult, the chunks' Columns in order): see the module doc.
+    """(the replay's SimResult, the chunks' Columns as read): see the module doc. The result's
+    requests are in start order (ties in file order), as Rows.trace orders the Columns.
     `attribute` False: no harm rows, and no table of evicted keys (memory then follows the cache
     alone); a request that names an agent or a workflow, whose harm would be reported, raises
     CannotStream."""
@@ -107,22 +107,29 @@ def stream_lru(
         raise ValueError(f"unknown in-request order {in_request!r}; known: {IN_REQUEST}")
     started = time.perf_counter()
     bs, pool = block_size, _Pool(max(capacity_blocks, 1))
-    columns, cached, preempted, harm = [], [], [], []
+    columns: list[Any] = []  # as read: the caller's Rows.trace sorts them as they were replayed
+    cached, preempted, harm = [], [], []
     carried = (np.zeros(0, np.int64), np.zeros(0, np.float64))  # ends still to come
+
+    def parts() -> Iterator[Part]:
+        for cols, keys, counts in reads:
+            if not attribute and any(x is not None for x in (*cols.agents, *cols.workflows)):
+                raise CannotStream("a request names an agent or a workflow: its harm is reported")
+            columns.append(cols)
+            yield Part(cols.start_ms, cols.end_ms, cols.prompt, cols.output, keys, counts)
+
     base, last_start = 0, -np.inf
-    chunks = in_start_order(reads)
+    chunks = in_start_order(parts())
     chunk = next(chunks, None)
     while chunk is not None:
-        cols, keys, counts = chunk
-        chunk = next(chunks, None)
-        if not attribute and any(x is not None for x in (*cols.agents, *cols.workflows)):
-            raise CannotStream("a request names an agent or a workflow: its harm is reported")
-        start, end = cols.start_ms / 1e3, cols.end_ms / 1e3  # Rows.trace's seconds
+        part, chunk = chunk, next(chunks, None)
+        keys, counts = part.keys, part.counts
+        start, end = part.start / 1e3, part.end / 1e3  # Rows.trace's seconds
         m = len(start)
         if m and (start[0] < last_start or (np.diff(start) < 0).any()):
             raise NotInOrder
         last_start = start[-1] if m else last_start
-        prompt, output = np.asarray(cols.prompt, np.int64), np.asarray(cols.output, np.int64)
+        prompt, output = np.asarray(part.prompt, np.int64), np.asarray(part.output, np.int64)
         if not cache_outputs:  # simulate's prompt_only: whole blocks and one token, no output
             part = prompt % bs
             prompt, output = np.where(part > 0, prompt - part + 1, prompt), output * 0
@@ -139,7 +146,6 @@ def stream_lru(
             in_request == IN_REQUEST[1], attribute, pool.sc, pool.blocks, *pool.first,
             *pool.evicted, pool.arena, pool.running, out_cached, out_pre, rows,
         )  # fmt: skip
-        columns.append(cols)
         cached.append(out_cached)
         preempted.append(out_pre)
         harm.append(rows[:nharm].copy())
@@ -161,45 +167,58 @@ def stream_lru(
     return result, columns
 
 
-def in_start_order(
-    reads: Iterable[tuple[Any, np.ndarray, np.ndarray]],
-) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
-    """The reads' requests in start order (ties in file order, as Rows.trace sorts them), a
-    chunk at a time, for a file whose requests are out of order only within a window: each
-    chunk read releases the requests held or read that start before its earliest start; the
-    rest wait for the next chunk. A request that starts before one already released raises
+class Part(NamedTuple):
+    """Requests as the replay needs them: start and end (ms), prompt and output tokens, their
+    block keys flat and how many each has."""
+
+    start: np.ndarray
+    end: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.counts)
+
+    def taken(self, idx: np.ndarray) -> Part:
+        """The requests at `idx`, in that order."""
+        if len(idx) and idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
+            lo, hi = int(idx[0]), int(idx[-1]) + 1  # a run of requests: slices, no copy
+            first = int(self.counts[:lo].sum())
+            keys = self.keys[first : first + int(self.counts[lo:hi].sum())]
+            return Part(*(a[lo:hi] for a in self[:4]), keys, self.counts[lo:hi])
+        starts = np.cumsum(self.counts) - self.counts
+        picked = self.counts[idx]
+        at = np.repeat(starts[idx] - (np.cumsum(picked) - picked), picked)
+        keys = self.keys[at + np.arange(len(at))]
+        return Part(*(a[idx] for a in self[:4]), keys, picked)
+
+
+def in_start_order(parts: Iterable[Part]) -> Iterator[Part]:
+    """The parts' requests in start order (ties in file order, as Rows.trace sorts them), a
+    part at a time, for a file whose requests are out of order only within a window: each part
+    read releases the requests held or read that start before its earliest start; the rest
+    wait for the next part. A request that starts before one already released raises
     NotInOrder."""
-    held: tuple[Any, np.ndarray, np.ndarray] | None = None
+    held: Part | None = None
     released = -np.inf
-    for cols, keys, counts in reads:
-        if not len(cols):
+    for part in parts:
+        if not len(part):
             continue
-        edge = float(cols.start_ms.min())
+        edge = float(part.start.min())
         if edge < released:
             raise NotInOrder
         if held is not None:  # file order: the held requests were read first
-            cols = Columns.joined([held[0], cols])
-            keys = np.concatenate([held[1], keys])
-            counts = np.concatenate([held[2], counts])
-        order = np.argsort(cols.start_ms, kind="stable")
-        cut = int(np.searchsorted(cols.start_ms[order], edge, side="left"))
+            part = Part(*(np.concatenate([a, b]) for a, b in zip(held, part, strict=True)))
+        order = np.argsort(part.start, kind="stable")
+        cut = int(np.searchsorted(part.start[order], edge, side="left"))
         if cut:
-            released = float(cols.start_ms[order[cut - 1]])
-            yield _taken(cols, keys, counts, order[:cut])
-        held = _taken(cols, keys, counts, np.sort(order[cut:]))
+            released = float(part.start[order[cut - 1]])
+            yield part.taken(order[:cut])
+        held = part.taken(np.sort(order[cut:]))
     if held is not None:
-        yield _taken(*held, np.argsort(held[0].start_ms, kind="stable"))
-
-
-def _taken(
-    cols: Any, keys: np.ndarray, counts: np.ndarray, idx: np.ndarray
-) -> tuple[Any, np.ndarray, np.ndarray]:
-    """The requests at `idx` (Columns, their keys flat, keys per request), in that order."""
-    ends = np.cumsum(counts)
-    starts = ends - counts
-    picked = counts[idx]
-    at = np.repeat(starts[idx] - (np.cumsum(picked) - picked), picked) + np.arange(picked.sum())
-    return cols.take(idx), keys[at], picked
+        yield held.taken(np.argsort(held.start, kind="stable"))
 
 
 def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from sim_helpers import make_trace, random_trace
 
 from kvscope.sim.caches.result import SimResult
-from kvscope.sim.inputs.rows import Columns
+from kvscope.sim.inputs.rows import Columns, KeyChunks, Rows
 from kvscope.sim.simulate import simulate
 from kvscope.sim.streamed import CannotStream, NotInOrder, stream_lru
 from kvscope.sim.trace import Trace
@@ -116,7 +117,11 @@ def test_a_file_out_of_order_within_a_window_is_replayed_in_start_order(seed: in
         want = simulate(read, "lru", cap, compiled=True)
         got, columns = stream_lru(_reads(file, cuts), tr.block_size, cap)
         _same(got, want)
-        assert [i for c in columns for i in c.ids] == list(read.request_ids)
+        rows, none = Rows(), KeyChunks()
+        for c in columns:
+            rows.add(c)
+            none.add_flat(np.zeros(0, np.uint64), np.zeros(len(c.ids), np.int64))
+        assert rows.trace(Path("t"), 4, none).request_ids == read.request_ids
 
 
 def test_a_start_before_one_already_replayed_is_refused() -> None:

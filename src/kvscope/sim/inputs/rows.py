@@ -32,33 +32,6 @@ class Columns:
     workflows: list[Label]
     previous: list[Label | bool]
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @staticmethod
-    def joined(parts: list[Columns]) -> Columns:
-        """The parts' requests one after another."""
-
-        def flat(name: str) -> np.ndarray:
-            return np.concatenate([getattr(x, name) for x in parts])
-
-        def listed(name: str) -> list:
-            return [v for x in parts for v in getattr(x, name)]
-
-        arrays = (flat(n) for n in ("start_ms", "end_ms", "prompt", "output"))
-        return Columns(
-            listed("ids"), *arrays, *(listed(n) for n in ("agents", "workflows", "previous"))
-        )
-
-    def take(self, idx: np.ndarray) -> Columns:
-        """The requests at `idx`, in that order."""
-        pick = idx.tolist()
-        lists = ([getattr(self, n)[i] for i in pick] for n in ("agents", "workflows", "previous"))
-        return Columns(
-            [self.ids[i] for i in pick], self.start_ms[idx], self.end_ms[idx], self.prompt[idx],
-            self.output[idx], *lists,
-        )  # fmt: skip
-
 
 @dataclass
 class Rows:
