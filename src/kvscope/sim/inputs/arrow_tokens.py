@@ -31,6 +31,7 @@ from kvscope.sim.trace import Trace
 MAGIC_FILE = b"ARROW1"
 MAGIC_STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message's continuation marker
 GROUP_BYTES = 8 << 20  # record batches joined up to about this many bytes before reading them
+PART_BYTES = 2 << 20  # then read in slices of about this many
 
 
 def is_arrow(path: Path) -> bool:
@@ -55,14 +56,24 @@ def arrow_reads(path: Path, block_size: int, notes: list[str]) -> Iterator[Read]
     hasher, count, missing = Hasher(block_size), 0, 0
     batches = None if _head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
     for group in joined(batches if batches is not None else _file_batches(path), GROUP_BYTES):
-        columns, flat, counts, absent = _read(path, group, count)
-        missing += absent
-        count += len(columns.ids)
-        yield columns, *hasher.keys_of(flat, counts)
+        for part in _parts(group):
+            columns, flat, counts, absent = _read(path, part, count)
+            missing += absent
+            count += len(columns.ids)
+            yield columns, *hasher.keys_of(flat, counts)
     if missing:
         notes.append(f"{missing} requests without output_length: replayed with 0")
     if batches is not None and batches.torn:
         notes.append(f"{path}: the stream's last batch is cut short: read up to the one before")
+
+
+def _parts(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """The batch in slices of about PART_BYTES (zero-copy): what is made of a slice's ids (as
+    int64, their keys) is held one slice at a time."""
+    k = -(-batch.get_total_buffer_size() // PART_BYTES)
+    step = max(-(-batch.num_rows // max(k, 1)), 1)
+    for lo in range(0, batch.num_rows, step):
+        yield batch.slice(lo, step)
 
 
 def _file_batches(path: Path) -> Iterator[pa.RecordBatch]:
