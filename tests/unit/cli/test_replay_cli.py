@@ -307,3 +307,52 @@ def test_a_large_trace_is_replayed_as_it_is_read_to_the_same_numbers(
             results.append({k: v for k, v in row.items() if k != "seconds"})
         assert results[0] == results[1], trace.name
         assert results[0]["harm"] and results[0]["evictions"]  # not a replay without evictions
+
+
+def _lru_at(trace: Path, out: Path, *options: str) -> tuple[str, dict]:
+    args = ["replay", str(trace), "--block-size", "128", "--policy", "lru",
+            "--capacity-tokens", "3456", "--json", str(out), *options]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())
+    return result.output, {k: v for k, v in row.items() if k != "seconds"}
+
+
+def test_a_streamed_trace_without_agents_says_its_harm_is_not_attributed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvscope.cli import replay as replay_cli
+
+    rows = [
+        {k: v for k, v in r.items() if k not in ("agent", "workflow", "previous_agent")}
+        for r in mooncake_rows(load_source(PATHOLOGY))
+    ]
+    trace = write_jsonl(rows, tmp_path / "m.jsonl")
+    whole_text, whole = _lru_at(trace, tmp_path / "whole.json")
+    monkeypatch.setattr(replay_cli, "STREAM_FROM_BYTES", 0)
+    text, streamed = _lru_at(trace, tmp_path / "streamed.json")
+    assert "harmful evictions not attributed (null)" in text
+    assert whole["harm"] and streamed["harm"] is None  # not measured: null, not []
+    assert {k: v for k, v in streamed.items() if k != "harm"} == {
+        k: v for k, v in whole.items() if k != "harm"
+    }
+    assert "harmful evictions: none" not in text and "harmful evictions: none" not in whole_text
+
+
+def test_a_trace_out_of_start_order_beyond_the_window_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvscope.cli import replay as replay_cli
+    from kvscope.sim.inputs import chunks
+
+    rows = list(mooncake_rows(load_source(PATHOLOGY)))
+    rows.append({**rows[0], "request_id": "late", "timestamp": rows[0]["timestamp"] - 1.0})
+    trace = write_jsonl(rows, tmp_path / "m.jsonl")
+    _, whole = _lru_at(trace, tmp_path / "whole.json")
+    monkeypatch.setattr(replay_cli, "STREAM_FROM_BYTES", 0)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 64)  # a line or so a chunk: the last one late
+    text, again = _lru_at(trace, tmp_path / "again.json")
+    assert "as the trace was read" not in text
+    assert again == whole
+    in_order = write_jsonl(rows[:-1], tmp_path / "in_order.jsonl")  # without it: streamed
+    assert "as the trace was read" in _lru_at(in_order, tmp_path / "o.json")[0]
