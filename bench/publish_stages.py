@@ -67,14 +67,14 @@ def watch(process: subprocess.Popen[bytes], inside: dict[str, float]) -> None:
 def publish_run(folder: str, early: bool = False) -> None:
     run_dir = Path(folder)
     calls = sum(1 for _ in (run_dir / requests.REQUESTS_JSONL).open())
-    stages: dict[str, float] = {}
-    t = time.perf_counter()
+    stages: dict[str, tuple[float, float]] = {}  # name -> (wall, this process's CPU) seconds
+    t, cpu0 = time.perf_counter(), time.process_time()
 
     def stage(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        stages[name] = now - t
-        t = now
+        nonlocal t, cpu0
+        now, cpu = time.perf_counter(), time.process_time()
+        stages[name] = (now - t, cpu - cpu0)
+        t, cpu0 = now, cpu
 
     names = iter(["summary.json + figures", "report.html"])
     tracking = TrackingRun.open(TrackingConfig(experiment="bench-publish"), run_dir.parent)
@@ -126,11 +126,11 @@ def publish_run(folder: str, early: bool = False) -> None:
     hwm = next(int(x.split()[1]) for x in status if x.startswith("VmHWM"))
     print(f"{calls:,} calls in requests.jsonl, {done.rows:,} rows in requests.parquet, "
           f"{invocations:,} invocations")  # fmt: skip
-    for name, seconds in stages.items():
-        print(f"  {name:42s} {seconds:7.2f} s")
+    for name, (seconds, cpu_s) in stages.items():
+        print(f"  {name:42s} {seconds:7.2f} s  (CPU {cpu_s:6.2f} s)")
     print("  traces: " + ", ".join(f"{k} {v:,.2f}" + ("" if "MiB" in k else " s")
                                    for k, v in inside.items()))  # fmt: skip
-    total = sum(v for k, v in stages.items() if not k.startswith("MLflow open"))
+    total = sum(v for k, (v, _) in stages.items() if not k.startswith("MLflow open"))
     print(f"finalize + publish (all but MLflow open + start): {total:.2f} s; peak RSS "
           f"{hwm / 1024:,.0f} MiB (this process)")  # fmt: skip
     cpu = {who: (u.ru_utime + u.ru_stime) for who, u in (
