@@ -93,8 +93,10 @@ class AgentSummary:
 
 def per_agent(rows: Sequence[dict[str, Any]]) -> list[AgentSummary]:
     """One summary per agent (in `agent_order(rows)`), over its successful calls."""
-    agents = agent_order(rows)
-    return [_summary(a, [r for r in rows if r["agent_id"] == a]) for a in agents]
+    mine: dict[str | None, list[dict[str, Any]]] = {a: [] for a in agent_order(rows)}
+    for r in rows:
+        mine[r["agent_id"]].append(r)
+    return [_summary(a, calls) for a, calls in mine.items()]  # type: ignore[arg-type]
 
 
 def overall(rows: Sequence[dict[str, Any]]) -> AgentSummary:
@@ -103,20 +105,25 @@ def overall(rows: Sequence[dict[str, Any]]) -> AgentSummary:
 
 def _summary(agent: str, rows: list[dict[str, Any]]) -> AgentSummary:
     ok = [r for r in rows if r["status"] == STATUS_OK]
-    known = [r for r in ok if _known(r)]
+    # the measured rows (_known), their counts read once
+    known = [
+        (c, p)
+        for r in ok
+        if (c := r.get("cached_tokens")) is not None and (p := r.get("prompt_tokens")) is not None
+    ]
+    new_prefill = [max(p - c, 0) for c, p in known]
+    prompt = sum(p for _, p in known)
     tools = [r["tool_ms"] for r in ok if r["tool_ms"] is not None]
     return AgentSummary(
         agent_id=agent,
         calls=len(rows),
         failed=len(rows) - len(ok),
         prompt_tokens_p50=percentile([r["prompt_tokens"] for r in ok], 50),
-        cached_tokens_p50=percentile([r["cached_tokens"] for r in known], 50),
-        new_prefill_tokens_p50=percentile(
-            [max(r["prompt_tokens"] - r["cached_tokens"], 0) for r in known], 50
-        ),
-        cached_tokens=sum(r["cached_tokens"] for r in known) if known else None,
-        new_prefill_tokens=recompute_burden(known),
-        weighted_hit_ratio=weighted_hit_ratio(known),
+        cached_tokens_p50=percentile([c for c, _ in known], 50),
+        new_prefill_tokens_p50=percentile(new_prefill, 50),
+        cached_tokens=sum(c for c, _ in known) if known else None,
+        new_prefill_tokens=sum(new_prefill) if known else None,  # recompute_burden
+        weighted_hit_ratio=sum(c for c, _ in known) / prompt if prompt else None,
         ttft_p50_ms=percentile([r["ttft_ms"] for r in ok], 50),
         ttft_p95_ms=percentile([r["ttft_ms"] for r in ok], 95),
         tpot_p50_ms=percentile([r["tpot_ms"] for r in ok], 50),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvscope.analysis.agents import AgentOrder, agent_key, percentile
 from kvscope.analysis.turns import order_sql, query
@@ -35,9 +36,34 @@ class Residency:
     residency_max_ms: float | None
 
 
-def _evicted(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _evicted(blocks: pa.Table) -> pa.Table:
     """Blocks removed by an eviction (a removal of unknown cause, in older tables, counts)."""
-    return [b for b in blocks if b["removed_ns"] is not None and b["removal"] in ("evicted", None)]
+    removal = blocks.column("removal")
+    by_eviction = pc.or_kleene(pc.is_null(removal), pc.equal(removal, "evicted"))
+    return blocks.filter(pc.and_(pc.is_valid(blocks.column("removed_ns")), by_eviction))
+
+
+def _harmful(blocks: pa.Table) -> pa.Table:
+    """The rows whose `harmful` is true (null: not harmful)."""
+    return blocks.filter(pc.fill_null(blocks.column("harmful"), False))
+
+
+def _by_first(keys: list[str], values: list[Any]) -> dict[str, list[Any]]:
+    """values grouped by key, the keys in order of first appearance."""
+    out: dict[str, list[Any]] = defaultdict(list)
+    for k, v in zip(keys, values, strict=True):
+        out[k].append(v)
+    return out
+
+
+def _nonempty(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The column, "" as null (a row's `value or UNKNOWN`)."""
+    return pc.if_else(pc.equal(column, ""), None, column)
+
+
+def _named(column: pa.ChunkedArray) -> list[str]:
+    """The column's values, null as UNKNOWN."""
+    return pc.fill_null(column, UNKNOWN).to_pylist()  # type: ignore[no-any-return]
 
 
 def matrix(blocks: pa.Table, order: AgentOrder = ()) -> pa.Table:
@@ -79,13 +105,12 @@ def known_sum(values: Sequence[int | float | None]) -> float | None:
     return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
 
 
-def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
+def by_transition(blocks: pa.Table) -> list[TransitionHarm]:
     """Harmful evictions by the transition (previous agent -> agent) of the request that paid;
     most recomputed tokens first (unknown counts last)."""
-    out: dict[str, list[int | None]] = defaultdict(list)
-    for b in _evicted(blocks):
-        if b["harmful"]:
-            out[b["needed_by_transition"] or UNKNOWN].append(b["recomputed_tokens"])
+    harmful = _harmful(_evicted(blocks))
+    needed = _named(_nonempty(harmful.column("needed_by_transition")))
+    out = _by_first(needed, harmful.column("recomputed_tokens").to_pylist())
     harms = [
         TransitionHarm(k, len(v), None if (t := known_sum(v)) is None else int(t))
         for k, v in out.items()
@@ -93,38 +118,40 @@ def by_transition(blocks: Sequence[dict[str, Any]]) -> list[TransitionHarm]:
     return sorted(harms, key=lambda h: (h.recomputed_tokens is None, -(h.recomputed_tokens or 0)))
 
 
-def residency(blocks: Sequence[dict[str, Any]], order: AgentOrder = ()) -> list[Residency]:
+def residency(blocks: pa.Table, order: AgentOrder = ()) -> list[Residency]:
     """How long each agent's blocks stayed in the cache before they were removed (agents in
     `order`, others by name)."""
-    agents = sorted({b["owner_agent_id"] or UNKNOWN for b in blocks}, key=agent_key(order))
+    owners = pc.fill_null(_nonempty(blocks.column("owner_agent_id")), UNKNOWN)
+    evicted = pc.fill_null(pc.equal(blocks.column("removal"), "evicted"), False)
     out = []
-    for a in agents:
-        mine = [b for b in blocks if (b["owner_agent_id"] or UNKNOWN) == a]
-        times = [b["residency_ms"] for b in mine if b["residency_ms"] is not None]
+    for a in sorted(pc.unique(owners).to_pylist(), key=agent_key(order)):
+        mine = pc.equal(owners, a)
+        times = pc.drop_null(blocks.column("residency_ms").filter(mine)).to_pylist()
         out.append(Residency(
-            a, len(mine), sum(b["removal"] == "evicted" for b in mine),
+            a, pc.sum(mine).as_py(), pc.sum(pc.and_(mine, evicted)).as_py() or 0,
             percentile(times, 50), percentile(times, 95), max(times) if times else None,
         ))  # fmt: skip
     return out
 
 
-def summary(blocks: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+def summary(blocks: pa.Table) -> dict[str, float | None]:
     """Run-level numbers for MLflow: eviction counts, harm, and the recomputed tokens overall
     (0 with no eviction; None when no evicted block has it measured) and per evictor -> victim
     pair (None where a harmful block's count is unknown)."""
     ev = _evicted(blocks)
-    harmful = [b for b in ev if b["harmful"]]
+    harmful = _harmful(ev)
+    costs = harmful.column("recomputed_tokens").to_pylist()
     out: dict[str, float | None] = {
-        "blocks_stored": float(len(blocks)),
-        "blocks_evicted": float(len(ev)),
-        "harmful_evictions": float(len(harmful)),
-        "recomputed_tokens": known_sum([b["recomputed_tokens"] for b in harmful])
-        if not ev or any(b["recomputed_tokens"] is not None for b in ev)
+        "blocks_stored": float(blocks.num_rows),
+        "blocks_evicted": float(ev.num_rows),
+        "harmful_evictions": float(harmful.num_rows),
+        "recomputed_tokens": known_sum(costs)
+        if not ev.num_rows or pc.any(pc.is_valid(ev.column("recomputed_tokens"))).as_py()
         else None,
-        "evictions_unattributed_evictor": float(sum(b["evictor_agent_id"] is None for b in ev)),
+        "evictions_unattributed_evictor": float(ev.column("evictor_agent_id").null_count),
     }
-    pairs: dict[str, list[int | None]] = defaultdict(list)
-    for b in harmful:
-        pair = f"{b['evictor_agent_id'] or UNKNOWN}_to_{b['owner_agent_id'] or UNKNOWN}"
-        pairs[f"harm.{pair}.recomputed_tokens"].append(b["recomputed_tokens"])
-    return out | {key: known_sum(v) for key, v in pairs.items()}
+    evictor, owner = (
+        _named(_nonempty(harmful.column(c))) for c in ("evictor_agent_id", "owner_agent_id")
+    )
+    keys = [f"harm.{e}_to_{o}.recomputed_tokens" for e, o in zip(evictor, owner, strict=True)]
+    return out | {key: known_sum(v) for key, v in _by_first(keys, costs).items()}

@@ -123,35 +123,44 @@ class Predictability:
 def visits(rows: Sequence[Row]) -> dict[str, list[Visit]]:
     """Per workflow run (in order of its first call), its visits in sequence order, each with
     its step (see the module docstring)."""
-    groups: dict[tuple[str, str, Any], list[Row]] = defaultdict(list)
+    # (workflow, agent, turn or the row's index) -> [first call's turn, start, end, calls]
+    groups: dict[tuple[str, str, Any], list[Any]] = {}
     for i, r in enumerate(rows):
-        if r.get("workflow_run_id") is None or r.get("agent_id") is None:
+        wf, agent = r.get("workflow_run_id"), r.get("agent_id")
+        if wf is None or agent is None:
             continue
         turn = r.get("turn_id")
-        key = (r["workflow_run_id"], r["agent_id"], ("turn", turn) if turn is not None else i)
-        groups[key].append(r)
-    raw: dict[str, list[Visit]] = defaultdict(list)
-    for (wf, agent, _), calls in groups.items():
-        raw[wf].append(
-            Visit(wf, agent, calls[0].get("turn_id"), min(c["start_ns"] for c in calls),
-                  max(c["end_ns"] for c in calls), len(calls))
-        )  # fmt: skip
-    out = {wf: _steps(vs) for wf, vs in raw.items()}
+        key = (wf, agent, ("turn", turn) if turn is not None else i)
+        visit = groups.get(key)
+        if visit is None:
+            groups[key] = [turn, r["start_ns"], r["end_ns"], 1]
+        else:
+            visit[1] = min(visit[1], r["start_ns"])
+            visit[2] = max(visit[2], r["end_ns"])
+            visit[3] += 1
+    raw: dict[str, list[tuple[str, list[Any]]]] = defaultdict(list)
+    for (wf, agent, _), visit in groups.items():
+        raw[wf].append((agent, visit))
+    out = {wf: _steps(wf, vs) for wf, vs in raw.items()}
     return dict(sorted(out.items(), key=lambda kv: (kv[1][0].start_ns, kv[0])))
 
 
-def _steps(vs: list[Visit]) -> list[Visit]:
-    """Visits (stable-sorted by start) grouped into steps of concurrent visits, by agent inside."""
-    steps: list[list[Visit]] = []
-    for v in sorted(vs, key=lambda v: v.start_ns):
-        if steps and v.start_ns < min(s.end_ns for s in steps[-1]):
+def _steps(wf: str, vs: list[tuple[str, list[Any]]]) -> list[Visit]:
+    """A workflow's visits ((agent, [turn, start, end, calls]) stable-sorted by start) grouped
+    into steps of concurrent visits, by agent inside."""
+    steps: list[list[tuple[str, list[Any]]]] = []
+    end = 0  # the least end of the current step's visits
+    for v in sorted(vs, key=lambda v: v[1][1]):
+        if steps and v[1][1] < end:
             steps[-1].append(v)
+            end = min(end, v[1][2])
         else:
             steps.append([v])
+            end = v[1][2]
     return [
-        Visit(**{**v.__dict__, "step": n})
+        Visit(wf, agent, turn, start, stop, calls, n)
         for n, step in enumerate(steps)
-        for v in sorted(step, key=lambda v: (v.agent_id, v.start_ns))
+        for agent, (turn, start, stop, calls) in sorted(step, key=lambda v: (v[0], v[1][1]))
     ]
 
 

@@ -4,6 +4,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from kvscope.collect.series import Points, from_first_scrape
 
 # kvscope counter name -> the request-table column it should equal the sum of
@@ -74,7 +77,7 @@ def counter_values(series: Mapping[str, Points]) -> dict[str, Sequence[float]]:
 
 
 def evictions(
-    blocks: Sequence[Mapping[str, Any]] | None,
+    blocks: pa.Table | None,
     series: Mapping[str, Points],
     delta: Callable[[Iterable[float]], float | None],
 ) -> Reconciliation | None:
@@ -84,5 +87,6 @@ def evictions(
     points = from_first_scrape(series, [EVICTED]).get(EVICTED)
     if blocks is None or not points:
         return None
-    evicted = sum(b["tokens"] or 0 for b in blocks if b["removal"] == "evicted")
+    removed = pc.fill_null(pc.equal(blocks.column("removal"), "evicted"), False)
+    evicted = pc.sum(blocks.column("tokens").filter(removed)).as_py() or 0
     return Reconciliation(EVICTED, evicted, delta(v for _, v in points), 0, source="kv_events")

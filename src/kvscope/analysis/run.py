@@ -24,7 +24,7 @@ from kvscope.analysis.server import (
     replica_servers,
     server_summary,
 )
-from kvscope.analysis.server_agents import per_agent_server
+from kvscope.analysis.server_agents import COUNTERS, per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.series import counter_delta
 from kvscope.records import metrics
@@ -68,7 +68,7 @@ class RunAnalysis:
     reconciliation: list[Reconciliation]
     time_split: list[TimeSplit]  # client / engine front end / core
     # Level 3: the block table; None without KV events
-    blocks: list[Row] | None
+    blocks: pa.Table | None  # blocks.parquet
     evictions: pa.Table | None  # evictor x victim
     harm: list[TransitionHarm]
     residency: list[Residency]
@@ -100,6 +100,14 @@ class RunAnalysis:
         if self.kv_capacity_config is not None:
             return int(self.kv_capacity_config)
         return int(measured[-1][1]) if measured else None
+
+    @property
+    def deployed(self) -> bool:
+        """A deployment's run: some call has a replica (a non-empty `replica`; an older run's
+        table may have no such column)."""
+        if "replica" not in self.requests.column_names:
+            return False
+        return bool(pc.any(pc.not_equal(self.requests.column("replica"), "")).as_py())
 
     @property
     def concurrency(self) -> int | None:
@@ -148,9 +156,9 @@ class RunAnalysis:
 
     def routing_summary(self) -> dict[str, Any]:
         """{"routing": ...} for a deployment's run (a row has a replica); {} for one engine."""
-        rows = self.requests.to_pylist()
-        if not any(r.get("replica") for r in rows):
+        if not self.deployed:
             return {}
+        rows = self.requests.to_pylist()
         return {
             "routing": {
                 "unplaced_calls": sum(r.get("replica") is None for r in rows),
@@ -163,14 +171,16 @@ class RunAnalysis:
 
 
 def named_samples(table: pa.Table) -> list[Row]:
-    """The metrics.parquet rows the analyses read (server_agents, time_split: series kvscope
-    names), and the run's first sample, where a series first seen later starts at 0
-    (collect.series.series_deltas): a 100k-call run's 3.4 M rows as 250k dicts, not 3.4 M."""
+    """The metrics.parquet rows the analyses read (server_agents: its counters and latency
+    histograms; time_split: the latency histograms, kvscope names ending in "_seconds"), and
+    the run's first sample, where a series first seen later starts at 0
+    (collect.series.series_deltas): a 100k-call run's 3.4 M rows as 50k dicts, not 3.4 M."""
     if table.num_rows == 0:
         return []
+    name = table.column("kvscope_name")
     first = pc.equal(table.column("timestamp_ns"), pc.min(table.column("timestamp_ns")))
-    keep = pc.or_(pc.is_valid(table.column("kvscope_name")), first)
-    return table.filter(keep).to_pylist()
+    read = pc.or_(pc.is_in(name, pa.array(list(COUNTERS))), pc.ends_with(name, "_seconds"))
+    return table.filter(pc.or_(pc.fill_null(read, False), first)).to_pylist()
 
 
 def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
@@ -184,11 +194,10 @@ def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
     sampled = metrics_table is not None or (run_dir / metrics.METRICS_JSONL).exists()
     gaps = run_dir / metrics.METRICS_GAPS
     blocks = run.blocks
-    block_rows = blocks.to_pylist() if blocks is not None else None
     fit = latency.fit_prefill_cost(table)
     servers = replica_servers(run_dir, rows)
     checks = reconcile(rows, counter_values(series), counter_delta) if sampled else []
-    if sampled and (evicted := reconciled_evictions(block_rows, series, counter_delta)):
+    if sampled and (evicted := reconciled_evictions(blocks, series, counter_delta)):
         checks.append(evicted)
     order = agent_order(rows)
     calls = latency.call_rows(table, fit)  # once: the per-agent and per-workflow views read it
@@ -217,8 +226,8 @@ def analyze_run(run: RunDir | Path, label: str | None = None) -> RunAnalysis:
         server_agents=per_agent_server(metric_rows),
         reconciliation=[c for s in servers for c in s.reconciliation] if servers else checks,
         time_split=time_split(rows, metric_rows),
-        blocks=block_rows,
+        blocks=blocks,
         evictions=evictions.matrix(blocks, order) if blocks is not None else None,
-        harm=evictions.by_transition(block_rows) if block_rows is not None else [],
-        residency=evictions.residency(block_rows, order) if block_rows is not None else [],
+        harm=evictions.by_transition(blocks) if blocks is not None else [],
+        residency=evictions.residency(blocks, order) if blocks is not None else [],
     )

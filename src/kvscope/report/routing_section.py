@@ -48,14 +48,10 @@ INTRO = (
 )
 
 
-def has_replicas(rows: list[Row]) -> bool:
-    return any(r.get("replica") for r in rows)
-
-
 def routing_section(run: RunAnalysis) -> list[Section]:
-    rows = run.requests.to_pylist()
-    if not has_replicas(rows):
+    if not run.deployed:
         return []
+    rows = run.requests.to_pylist()
     unplaced = sum(r.get("replica") is None for r in rows)
     notes = [f"{unplaced} call(s) could not be placed on a replica."] if unplaced else []
     tables = [
@@ -101,9 +97,9 @@ def routing_compare(data: Sequence[RunAnalysis]) -> list[Section]:
     per_run: list[Row] = []
     per_agent: list[Row] = []
     for d in data:
-        rows = d.requests.to_pylist()
-        if not has_replicas(rows):
+        if not d.deployed:
             continue
+        rows = d.requests.to_pylist()
         router = (d.config.get("deployment") or {}).get("router") or {}
         whole = replica_use.routing_sum("all", rows)
         per_run.append({

@@ -38,8 +38,9 @@ def block(harmful: bool, recomputed: int | None, victim: str = "planner") -> dic
 
 @pytest.mark.parametrize(("costs", "expected"), [((4, 8), 12), ((4, None), None)])
 def test_recomputed_tokens_of_harmful_evictions(costs: tuple, expected: int | None) -> None:
-    blocks = [block(True, c) for c in costs] + [block(False, 0)]
-    [cell] = evictions.matrix(pa.Table.from_pylist(blocks, schema=BLOCKS_SCHEMA)).to_pylist()
+    rows = [block(True, c) for c in costs] + [block(False, 0)]
+    blocks = pa.Table.from_pylist(rows, schema=BLOCKS_SCHEMA)
+    [cell] = evictions.matrix(blocks).to_pylist()
     assert (cell["harmful"], cell["recomputed_tokens"]) == (2, expected)
     [harm] = evictions.by_transition(blocks)
     assert (harm.harmful, harm.recomputed_tokens) == (2, expected)
@@ -50,9 +51,8 @@ def test_recomputed_tokens_of_harmful_evictions(costs: tuple, expected: int | No
 
 def test_no_harm_is_a_measured_zero_and_never_measured_is_null() -> None:
     for cost, expected in ((0, 0), (None, None)):
-        blocks = [block(False, cost)]
-        table = pa.Table.from_pylist(blocks, schema=BLOCKS_SCHEMA)
-        [cell] = evictions.matrix(table).to_pylist()
+        blocks = pa.Table.from_pylist([block(False, cost)], schema=BLOCKS_SCHEMA)
+        [cell] = evictions.matrix(blocks).to_pylist()
         assert cell["recomputed_tokens"] == expected
         assert evictions.summary(blocks)["recomputed_tokens"] == expected
 

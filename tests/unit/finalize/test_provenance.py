@@ -103,18 +103,19 @@ def test_blocks_owner_evictor_and_harm(result) -> None:
 
 
 def test_eviction_tables(result) -> None:
-    [cell] = evictions.matrix(pa.Table.from_pylist(result.blocks, schema=BLOCKS_SCHEMA)).to_pylist()
+    blocks = pa.Table.from_pylist(result.blocks, schema=BLOCKS_SCHEMA)
+    [cell] = evictions.matrix(blocks).to_pylist()
     assert (cell["evictor_agent_id"], cell["victim_agent_id"]) == ("executor", "planner")
     assert (cell["evictions"], cell["same_workflow"], cell["harmful"]) == (1, 1, 1)
     assert cell["recomputed_tokens"] == 4
-    [harm] = evictions.by_transition(result.blocks)
+    [harm] = evictions.by_transition(blocks)
     assert (harm.transition, harm.recomputed_tokens) == ("executor -> planner", 4)
-    summary = evictions.summary(result.blocks)
+    summary = evictions.summary(blocks)
     assert (
         summary["blocks_evicted"] == 1
         and summary["harm.executor_to_planner.recomputed_tokens"] == 4
     )
-    planner = next(r for r in evictions.residency(result.blocks) if r.agent_id == "planner")
+    planner = next(r for r in evictions.residency(blocks) if r.agent_id == "planner")
     assert planner.evicted == 1
 
 
