@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
 import pyarrow as pa
+import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
 from kvscope.analysis.across_runs import ALL, ReuseLoss, pooled
@@ -243,19 +244,20 @@ def latency_stack(breakdown: pa.Table) -> str | None:
 
 def ttft_scatter(calls: pa.Table, fit: PrefillFit | None, order: AgentOrder = ()) -> str | None:
     """TTFT vs new prefill tokens per successful call, coloured by agent (latency.call_rows)."""
-    rows = [
-        r
-        for r in _rows(calls, False)
-        if r["status"] == "ok" and r["ttft_ms"] is not None and r["new_prefill"] is not None
-    ]
-    if not rows:
+    measured = pc.and_(
+        pc.is_valid(calls.column("ttft_ms")), pc.is_valid(calls.column("new_prefill"))
+    )
+    ok = calls.filter(pc.and_(pc.equal(calls.column("status"), "ok"), measured))
+    if not ok.num_rows:
         return None
+    agents = pc.fill_null(ok.column("agent_id"), NO_AGENT)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for agent in sorted({r["agent_id"] for r in rows}, key=_key(order)):
-        pts = [(r["new_prefill"], r["ttft_ms"]) for r in rows if r["agent_id"] == agent]
-        ax.scatter(*zip(*pts, strict=True), color=color(agent, order), label=agent, s=22, alpha=0.8)
+    for agent in sorted(set(agents.to_pylist()), key=_key(order)):
+        mine = ok.filter(pc.equal(agents, agent))
+        x, y = (mine.column(c).to_numpy() for c in ("new_prefill", "ttft_ms"))
+        ax.scatter(x, y, color=color(agent, order), label=agent, s=22, alpha=0.8)
     if fit is not None:
-        xs = [0, max(r["new_prefill"] for r in rows)]
+        xs = [0, pc.max(ok.column("new_prefill")).as_py()]
         label = f"fit of {fit.fit_on}: {fit.intercept_ms:.0f} ms + {fit.ms_per_token:.2f} ms/token"
         ax.plot(
             xs,
