@@ -70,14 +70,16 @@ class _Cache:
 
 def finalize(run_dir: Path, exported: Timings | None = None) -> Finalized:
     """Write the run's tables from its streams; `exported`: SGLang's request-metrics export."""
-    stream = working.read(run_dir)  # the passes set their columns on its rows, in place
-    rows = with_thread_turns(stream.rows)
-    for r in rows if exported else ():
-        _add_exported(r, exported.get(r["request_uuid"]))
-    tokens = load_prompts(run_dir)
     named = replica_dirs(run_dir)
-    with ThreadPoolExecutor(1) as pool:  # the KV events read while divergence runs: the
-        # reader waits mostly on Arrow, divergence on numpy (both let other threads run)
+    with ThreadPoolExecutor(1) as pool:  # the prompt tokens read while the request stream is,
+        # the KV events while divergence runs: each side waits mostly on Arrow or numpy, which
+        # let the other thread run (a second core is otherwise idle here)
+        prompts = pool.submit(load_prompts, run_dir)
+        stream = working.read(run_dir)  # the passes set their columns on its rows, in place
+        rows = with_thread_turns(stream.rows)
+        for r in rows if exported else ():
+            _add_exported(r, exported.get(r["request_uuid"]))
+        tokens = prompts.result()
         reading = pool.submit(_read_caches, run_dir, named)
         if tokens:
             rows = with_divergence(rows, tokens)
