@@ -23,6 +23,7 @@ about `BATCH_TOKENS` tokens, so memory does not grow with the run.
 """
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
@@ -262,11 +263,13 @@ def first_windows_of_sorted(
     shift = np.uint64(64 - bits)
     bitmap = np.zeros(1 << bits, dtype=bool)
     bitmap[uniq >> shift] = True
-    for span in batches(prompts.lengths):
+
+    def matches(span: range) -> tuple[np.ndarray, np.ndarray]:
+        """(query, prompt) of each window of the batch `span` whose hash is a query's."""
         G, starts = _batch(prompts, span)
         n_win = len(G) - size  # windows by first token g: h = (G[g + size] - G[g]) B^(g + size - 1)
         if n_win <= 0:
-            continue
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         with np.errstate(over="ignore"):
             h = G[size:] - G[:n_win]
             h *= _POW.fwd[size - 1 : size - 1 + n_win]
@@ -277,6 +280,12 @@ def first_windows_of_sorted(
         h = h[g]
         at = np.searchsorted(uniq, h).clip(max=len(uniq) - 1)
         hit = uniq[at] == h
-        which = np.searchsorted(starts, g[hit], side="right") - 1 + span.start
-        np.minimum.at(first, at[hit], which if value is None else value[which])
+        return at[hit], np.searchsorted(starts, g[hit], side="right") - 1 + span.start
+
+    spans = list(batches(prompts.lengths))
+    _POW.need(max((int(prompts.lengths[s.start : s.stop].sum()) for s in spans), default=0))
+    # two batches at a time: numpy's passes let the other thread run (the powers grown first)
+    with ThreadPoolExecutor(2) as pool:
+        for at, which in pool.map(matches, spans):
+            np.minimum.at(first, at, which if value is None else value[which])
     return first
