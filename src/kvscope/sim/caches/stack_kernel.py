@@ -41,7 +41,18 @@ def first_above(row: np.ndarray, lo: int, hi: int, t: int) -> int:
     while lo + step < hi and row[lo + step - 1] <= t:
         lo += step
         step *= 2
-    hi = min(hi, lo + step)
+    return _bisect_right(row, lo, min(hi, lo + step), t)
+
+
+@compiled(inline="always")
+def last_at_most(row: np.ndarray, hi: int, t: int) -> int:
+    """The last index in row[:hi] (nondecreasing) whose value is <= t (-1: none)."""
+    return _bisect_right(row, 0, hi, t) - 1
+
+
+@compiled(inline="always")
+def _bisect_right(row: np.ndarray, lo: int, hi: int, t: int) -> int:
+    """The first index in row[lo:hi] (nondecreasing) whose value is > t (hi: none)."""
     while lo < hi:
         mid = (lo + hi) >> 1
         if row[mid] <= t:
@@ -49,19 +60,6 @@ def first_above(row: np.ndarray, lo: int, hi: int, t: int) -> int:
         else:
             hi = mid
     return lo
-
-
-@compiled(inline="always")
-def last_at_most(row: np.ndarray, hi: int, t: int) -> int:
-    """The last index in row[:hi] (nondecreasing) whose value is <= t (-1: none)."""
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if row[mid] <= t:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @compiled()
