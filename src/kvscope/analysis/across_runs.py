@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import agent_key
 from kvscope.analysis.turns import BASE, CACHE_AGGREGATES, order_sql, query, table_order
+from kvscope.records.agents import agent_key
 
 ALL = "all"
 SHARING_ORDER = ("none", "system", "task", "documents", "branch")

@@ -13,8 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvscope.analysis.agents import AgentOrder, agent_key, percentile
+from kvscope.analysis.agents import percentile
 from kvscope.analysis.turns import order_sql, query
+from kvscope.records.agents import AgentOrder, agent_key
 
 UNKNOWN = "unknown"
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-from kvscope.analysis.agents import AgentOrder, agent_key, agent_order, percentile
+from kvscope.analysis.agents import percentile
+from kvscope.records.agents import AgentOrder, agent_key, agent_order
 from kvscope.records.base import Row
 
 START = "start"

@@ -24,9 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import agent_key, agent_order, weighted_hit_ratio
+from kvscope.analysis.agents import weighted_hit_ratio
+from kvscope.records.agents import agent_key, agent_order, transition_label
 from kvscope.records.base import Row
-from kvscope.records.requests import STATUS_OK, transition_label
+from kvscope.records.requests import STATUS_OK
 
 MISS = "routing_miss_tokens"  # the per-call column finalize.routing_misses fills
 

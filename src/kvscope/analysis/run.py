@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvscope.analysis import evictions, latency, provenance, replica_use, transitions, turns
-from kvscope.analysis.agents import AgentSummary, agent_order, as_table, overall, per_agent
+from kvscope.analysis.agents import AgentSummary, as_table, overall, per_agent
 from kvscope.analysis.evictions import Residency, TransitionHarm
 from kvscope.analysis.predictability import Predictability, predictability
 from kvscope.analysis.reconcile import Reconciliation, counter_values, reconcile
@@ -28,6 +28,7 @@ from kvscope.analysis.server_agents import COUNTERS, per_agent_server
 from kvscope.analysis.time_split import TimeSplit, time_split
 from kvscope.collect.series import counter_delta
 from kvscope.records import metrics
+from kvscope.records.agents import agent_order
 from kvscope.records.base import Row
 from kvscope.records.finalized import Finalized, KvReport
 from kvscope.records.metrics import ScrapeSummary, Series

@@ -39,7 +39,6 @@ The cache numbers of a pair are those of the "to" call (what that call got from 
 
 import pyarrow as pa
 
-from kvscope.analysis.agents import AgentOrder, agent_key
 from kvscope.analysis.turns import (
     BASE,
     BURDEN,
@@ -52,6 +51,7 @@ from kvscope.analysis.turns import (
     query,
     table_order,
 )
+from kvscope.records.agents import AgentOrder, agent_key
 
 START = "start"
 HANDOFF = "handoff"

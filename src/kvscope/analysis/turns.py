@@ -16,7 +16,8 @@ This module also holds the small SQL helpers the other analyses share.
 import duckdb
 import pyarrow as pa
 
-from kvscope.analysis.agents import AgentOrder, agent_order, as_table, per_agent
+from kvscope.analysis.agents import as_table, per_agent
+from kvscope.records.agents import AgentOrder, agent_order
 from kvscope.records.requests import PROVENANCE_COLUMNS, STATUS_OK, RequestRecord
 
 # The view every query starts from: the table plus a `measured` flag.

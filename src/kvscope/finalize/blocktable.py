@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from kvscope.records.agents import transition_label
 from kvscope.records.base import Row
 from kvscope.records.blocks import BLOCKS_SCHEMA
-from kvscope.records.requests import transition_label
 
 REMOVALS = (None, "evicted", "cleared")  # LifeColumns.removal codes 0, 1, 2
 STILL_CACHED, EVICTED, CLEARED = range(3)

@@ -26,11 +26,6 @@ STATUS_ERROR = "error"
 STATUS_TIMEOUT = "timeout"
 
 
-def transition_label(previous_agent_id: str | None, agent_id: str) -> str:
-    """A call's handoff edge as it is shown: "previous agent -> agent", "start -> agent" first."""
-    return f"{previous_agent_id or 'start'} -> {agent_id}"
-
-
 @dataclass(frozen=True, kw_only=True)
 class RequestRecord:
     # experiment

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvscope.analysis.run import RunAnalysis
-from kvscope.records.requests import STATUS_OK, transition_label
+from kvscope.records.agents import transition_label
+from kvscope.records.requests import STATUS_OK
 from kvscope.report.table import NULL, Section, Table, fmt
 
 

@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 from matplotlib.figure import Figure
 
 from kvscope.analysis.across_runs import ALL, ReuseLoss, pooled
-from kvscope.analysis.agents import AgentOrder, agent_key
 from kvscope.analysis.latency import COMPONENT_LABELS, COMPONENTS, PrefillFit
 from kvscope.analysis.transitions import SAME_AGENT, matrix
+from kvscope.records.agents import AgentOrder, agent_key
 from kvscope.report.timeline import agent_color
 
 COMPONENT_COLORS = {

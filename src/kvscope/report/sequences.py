@@ -14,8 +14,8 @@ matplotlib.use("Agg")  # files only; no display on servers and CI
 import matplotlib.pyplot as plt
 import pyarrow as pa
 
-from kvscope.analysis.agents import AgentOrder
 from kvscope.analysis.predictability import START, VALUES, Predictability, ReuseDistance
+from kvscope.records.agents import AgentOrder
 from kvscope.report.columns import COLUMNS
 from kvscope.report.plots import data_uri
 from kvscope.report.prose import say

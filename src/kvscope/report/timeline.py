@@ -15,7 +15,7 @@ import pyarrow as pa
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgb
 
-from kvscope.analysis.agents import AgentOrder, agent_key, agent_order
+from kvscope.records.agents import AgentOrder, agent_key, agent_order
 
 # An agent's colour: PALETTE by its place in the run's agent order (first appearance), so a
 # PEER run's planner, executor, expresser and reviewer keep blue, orange, green and red; an

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvscope.records import blockkey
-from kvscope.records.requests import transition_label
+from kvscope.records.agents import transition_label
 
 
 def chain_keys(
@@ -82,7 +82,7 @@ class Trace:
         return self.keys[self.offsets[i] : self.offsets[i + 1]]
 
     def transition(self, i: int) -> str | None:
-        """ "previous agent -> agent" (records.requests.transition_label); None without an agent."""
+        """ "previous agent -> agent" (records.agents.transition_label); None without an agent."""
         agent = self.agents[i]
         return None if agent is None else transition_label(self.previous_agents[i], agent)
 

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 from request_tables import request, table
 
-from kvscope.analysis.agents import agent_order
 from kvscope.analysis.predictability import Accuracy, predictability
 from kvscope.analysis.transitions import matrix, transitions
+from kvscope.records.agents import agent_order
 
 S = 1_000_000_000  # ns per second
 

@@ -97,6 +97,20 @@ def test_token_lists_are_read_a_chunk_at_once(tmp_path: Path, empty: bool) -> No
     assert chunk.counts.tolist() == [len(t) for t in lists]
 
 
+@pytest.mark.parametrize("top", [7, (1 << 63) - 1, 1 << 63, (1 << 64) - 2])
+def test_hash_ids_of_either_half_of_uint64_are_read_exactly(tmp_path: Path, top: int) -> None:
+    """Unsigned ids (hash ids: small counters or 64-bit hashes) are read exactly on both sides
+    of 2**63, each line with its own count."""
+    lists = [[5, 0, 17], [top], [1] * 40, [3, top, 3]]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "hash_ids": t}) + "\n"
+                            for i, t in enumerate(lists)))  # fmt: skip
+    (chunk,) = chunks.read(path, "hash_ids", np.uint64)
+    assert chunk.ids is not None and chunk.counts is not None and chunk.ids.dtype == np.uint64
+    assert chunk.ids.tolist() == [i for t in lists for i in t]
+    assert chunk.counts.tolist() == [len(t) for t in lists]
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
 def test_a_bad_line_is_named_whichever_chunk_it_is_in(
     tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch

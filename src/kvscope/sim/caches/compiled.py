@@ -15,7 +15,10 @@ when a function is compiled, so the threshold costs nothing to ask.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,7 +33,7 @@ def worth_compiling(blocks: int) -> bool:
 def compiled(**options: Any) -> Callable[[F], F]:
     """numba.njit with its on-disk cache; without one (numba finds no writable directory for
     it: beside this module, nor its user cache), compiled anew in each process instead."""
-    import numba
+    numba = _numba()
 
     def jit(fn: F) -> F:
         try:
@@ -39,3 +42,25 @@ def compiled(**options: Any) -> Callable[[F], F]:
             return numba.njit(**options)(fn)
 
     return jit
+
+
+def _numba() -> ModuleType:
+    """numba, its BLAS probe deferred. numba.np.arraymath imports scipy.linalg when it is itself
+    imported, only to learn whether BLAS is there (np.dot inside compiled code): ~0.2 s of CPU
+    and ~20 MB in every process that loads a kernel, none of which calls BLAS. So that import
+    runs with scipy.linalg hidden, and the flag is then set to what the probe would have found
+    (scipy installed): np.dot in compiled code, kvscope's or the app's, loads BLAS when it is
+    first compiled, as numba does for np.linalg. Where scipy.linalg or numba's arraymath is
+    loaded already, nothing is hidden."""
+    hide = not {"scipy.linalg", "numba.np.arraymath"} & sys.modules.keys()
+    if hide:
+        sys.modules["scipy.linalg"] = None  # type: ignore[assignment]  # import -> ImportError
+    try:
+        import numba
+        import numba.np.arraymath as arraymath
+    finally:
+        if hide and sys.modules.get("scipy.linalg", 0) is None:
+            del sys.modules["scipy.linalg"]
+    if hide:
+        arraymath._HAVE_BLAS = importlib.util.find_spec("scipy") is not None
+    return numba

@@ -26,22 +26,11 @@ import pyarrow.compute as pc
 from kvscope.errors import KvscopeError
 from kvscope.records.base import ArrowBatches, joined
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
+from kvscope.sim.inputs.sniff import MAGIC_FILE, head
 from kvscope.sim.trace import Trace
 
-MAGIC_FILE = b"ARROW1"
-MAGIC_STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message's continuation marker
 GROUP_BYTES = 8 << 20  # record batches joined up to about this many bytes before reading them
 PART_BYTES = 2 << 20  # then read in slices of about this many
-
-
-def is_arrow(path: Path) -> bool:
-    head = _head(path)
-    return head.startswith(MAGIC_FILE) or head.startswith(MAGIC_STREAM)
-
-
-def _head(path: Path) -> bytes:
-    with path.open("rb") as f:
-        return f.read(8)
 
 
 def read_arrow_tokens(path: Path, block_size: int) -> tuple[Trace, list[str]]:
@@ -54,7 +43,7 @@ def arrow_reads(path: Path, block_size: int, notes: list[str]) -> Iterator[Read]
     """Its requests a group of batches at a time, in file order, prompts hashed into block
     keys; once read to the end, `notes` has what to say about it."""
     hasher, count, missing = Hasher(block_size), 0, 0
-    batches = None if _head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
+    batches = None if head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
     for group in joined(batches if batches is not None else _file_batches(path), GROUP_BYTES):
         for part in _parts(group):
             columns, flat, counts, absent = _read(path, part, count)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.sim.inputs import arrow_tokens, chunks, jsonl
+from kvscope.sim.inputs import chunks, jsonl, sniff
 from kvscope.sim.inputs.rows import Read, gathered
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -105,7 +105,9 @@ def trace_reads(path: Path, block_size: int | None) -> TraceReads:
     notes: list[str] = []
     if not path.is_file():
         raise KvscopeError(f"{path} is not a trace file")
-    if arrow_tokens.is_arrow(path):
+    if sniff.is_arrow(path):
+        from kvscope.sim.inputs import arrow_tokens  # pyarrow: only where the trace is Arrow
+
         bs = _need_block_size(block_size, path, "an Arrow token-id trace")
         return TraceReads("tokens", bs, arrow_tokens.arrow_reads(path, bs, notes), notes)
     first = next(chunks.lines(path), None)

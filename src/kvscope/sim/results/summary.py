@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.analysis.agents import agent_order
+from kvscope.records.agents import agent_order
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.results.tier_numbers import tier_numbers
 from kvscope.sim.trace import Trace
@@ -91,7 +91,7 @@ def agent_label(agent: str | None) -> str:
 
 
 def ordered_agents(trace: Trace) -> list[str]:
-    """The trace's agents in order of first appearance (analysis.agents.agent_order), as labels."""
+    """The trace's agents in order of first appearance (records.agents.agent_order), as labels."""
     rows = (
         {"agent_id": a, "start_ns": s} for a, s in zip(trace.agents, trace.start_s, strict=True)
     )

@@ -1,0 +1,35 @@
+"""What a replay process loads: a JSONL trace replayed by the compiled kernel loads neither
+pyarrow (sim/inputs/sniff.py tells Arrow apart by its first bytes) nor scipy.linalg (numba's BLAS
+probe is deferred: sim/caches/compiled.py), and np.dot in compiled code still finds BLAS."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = """
+import sys
+from pathlib import Path
+from kvscope.sim import streamed
+from kvscope.sim.inputs.sources import trace_reads
+reads = trace_reads(Path(sys.argv[1]), 4)
+result, _ = streamed.stream_lru(reads.chunks, 4, 8, attribute=False)
+loaded = {m: m in sys.modules for m in ("pyarrow", "scipy.linalg", "numba.np.arraymath")}
+import numba
+import numpy as np
+dot = numba.njit(lambda a, b: np.dot(a, b))(np.ones(3), np.ones(3))
+print(int(result.cached_blocks.sum()), *loaded.values(), dot)
+"""
+
+
+def test_a_jsonl_replay_loads_neither_pyarrow_nor_scipy_linalg(tmp_path: Path) -> None:
+    rows = [{"timestamp": i, "input_length": 16, "output_length": 1, "hash_ids": [1, 2, 3, i]}
+            for i in range(5)]  # fmt: skip
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    cached, pyarrow, linalg, compiled, dot = out.stdout.split()
+    assert int(cached) > 0  # the kernel ran: requests 2-5 find blocks 1-3
+    assert (pyarrow, linalg, compiled) == ("False", "False", "True")
+    assert float(dot) == 3.0
