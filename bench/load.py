@@ -100,6 +100,7 @@ class Tally:
     engine_cpu_s: float = 0.0  # the stand-in engine's process
     gc_s: float = 0.0  # the cyclic garbage collector's pauses, any thread
     gc_full_s: float = 0.0  # of which full (oldest generation) collections
+    gc_full_n: int = 0  # how many full collections
 
     def per_call_ms(self, seconds: float) -> float:
         return seconds * 1e3 / self.sent if self.sent else float("nan")
@@ -179,7 +180,9 @@ async def drive(
         else:
             pause = time.perf_counter() - gc_started[0]
             tally.gc_s += pause
-            tally.gc_full_s += pause if info.get("generation") == 2 else 0.0
+            full = info.get("generation") == 2
+            tally.gc_full_s += pause if full else 0.0
+            tally.gc_full_n += full
 
     gc.callbacks.append(gc_pause)
     t0, c0, p0 = time.monotonic(), time.thread_time(), time.process_time()
@@ -400,6 +403,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         return (what, "", *([""] * 2 * (len(phases) - 2)), value, "")
 
     rates = [t.sent / t.wall_s for t in phases]
+    full_per_1000 = [1e3 * t.gc_full_n / max(t.sent, 1) for t in phases]
+    full_ms = [1e3 * t.gc_full_s / max(t.gc_full_n, 1) for t in phases]
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [
         row("seconds", [t.wall_s for t in phases], "{:.0f}", ""),
@@ -410,6 +415,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         per_call("stand-in engine CPU per call (ms)", "engine_cpu_s"),
         per_call("GC pauses per call (ms)", "gc_s"),
         per_call("  of which full collections (ms)", "gc_full_s"),
+        row("  full collections per 1,000 calls", full_per_1000, "{:.2f}", "{:+.2f}"),
+        row("  ms per full collection", full_ms, "{:.1f}", "{:+.1f}"),
         latency(0.5),
         latency(0.99),
         row("calls sent", [t.sent for t in phases], "{:.0f}", ""),

@@ -298,3 +298,37 @@ def test_cached_tokens_not_reported_are_none_not_zero(rows: Rows) -> None:
     [r] = rows
     assert r.status == "ok" and r.prompt_tokens == USAGE["usage"]["prompt_tokens"]
     assert (r.cached_tokens, r.new_prefill_tokens, r.reported_cache_hit_ratio) == (None, None, None)
+
+
+@pytest.mark.parametrize("lib", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_the_request_sent_is_a_new_one_and_the_apps_is_left_as_it_was(rows: Rows, lib: Any) -> None:
+    """The request on the wire carries the app's headers in their order, then kvscope's, then the
+    Content-Length of kvscope's body; the app's request object is not changed, so sending it
+    again is a new call with a request id of its own."""
+    from kvscope.probe.labels import agent
+
+    inner, seen = Stub().transport(lib), []
+
+    def handle(request: Any) -> Any:
+        seen.append((request.headers.multi_items(), request.content))
+        return inner.handler(request)
+
+    client = lib.Client(transport=lib.MockTransport(handle))
+    body = json.dumps({"model": "m", "messages": HI}).encode()
+    headers = {"X-App": "1", "Content-Type": "application/json"}
+    request = client.build_request("POST", f"{BASE}/v1/chat/completions", content=body,
+                                   headers=headers)  # fmt: skip
+    before = request.headers.multi_items()
+    with intercepting(rows, SglangEngine(EngineConfig(kind="sglang"))), agent("planner"):
+        for _ in range(2):
+            client.send(request).read()
+    assert request.content == body and request.headers.multi_items() == before
+    assert len(rows) == 2 and rows[0].request_uuid != rows[1].request_uuid
+    app = [(k, v) for k, v in before if k != "content-length"]
+    for row, (sent_headers, content) in zip(rows, seen, strict=True):
+        assert json.loads(content)["rid"] == row.request_uuid
+        assert sent_headers[: len(app)] == app
+        ours = [k for k, _ in sent_headers[len(app) :]]
+        assert ours[-1] == "content-length" and "x-custom-labels" in ours
+        assert json.loads(dict(sent_headers)["x-custom-labels"]) == {"agent": "planner"}
+        assert dict(sent_headers)["content-length"] == str(len(content))
