@@ -50,10 +50,15 @@ from typing import Any
 
 from kvscope.probe import post_import, run_tracker
 from kvscope.probe.place import FrameworkPlace
+from kvscope.records.invocations import InvocationError, error_text
 from kvscope.records.tools import ToolCall, tool_text
 
 log = logging.getLogger(__name__)
 SCOPE_MODULE = "agents.tracing.scope"
+# where a run's trace ends with the exception that ended it (`Runner.run`'s TraceCtxManager, the
+# app's own `with trace(...)` block): module -> the classes whose __exit__ is wrapped
+EXITS = {"agents.tracing.context": ("TraceCtxManager",),
+         "agents.tracing.traces": ("TraceImpl", "NoOpTrace", "ReattachedTrace")}  # fmt: skip
 NO_OP = "no-op"  # the SDK's trace and span id of a no-op (disabled) trace or span
 MAX_RUNS = 4096  # runs kept at once (each is dropped when its trace ends)
 
@@ -92,6 +97,8 @@ def watch() -> None:
         return
     _WATCHING.append(True)
     post_import.when_imported(SCOPE_MODULE, install)
+    for name in EXITS:
+        post_import.when_imported(name, _wrap_exits)
 
 
 def install(module: ModuleType) -> bool:
@@ -227,3 +234,46 @@ def _tool_ended(chain: Sequence[_Entry], end_ns: int) -> None:
                      entry.start_ns, end_ns, None if error is None else str(error),
                      tool_text(getattr(data, "input", None)),
                      tool_text(getattr(data, "output", None))))  # fmt: skip
+
+
+def _wrap_exits(module: ModuleType) -> None:
+    """Wrap the __exit__ of `module`'s classes in EXITS (each once): a run or trace block that
+    ends with an exception, in a workflow that made calls, is an invocation that raised
+    (records/invocations.py: its trace's root span then has status ERROR)."""
+    for name in EXITS.get(module.__name__, ()):
+        cls = getattr(module, name, None)
+        exit_ = getattr(cls, "__dict__", {}).get("__exit__")
+        if exit_ is None:
+            log.warning("kvscope: openai-agents' %s is not as expected: a run that raises is "
+                        "not marked in its trace", name)  # fmt: skip
+        elif not getattr(exit_, "__kvscope__", False):
+            marking = _exit_marking(exit_, is_trace=name != "TraceCtxManager")
+            cls.__exit__ = marking  # type: ignore[union-attr]
+
+
+def _exit_marking(exit_: Callable[..., Any], is_trace: bool) -> Callable[..., Any]:
+    """`exit_` that first hands an exception ending the trace to `_raised` (the trace: the
+    object itself, or a run's TraceCtxManager's `trace`, None where an outer trace was current)."""
+
+    def __exit__(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
+        if exc is not None and exc_type is not GeneratorExit:
+            try:
+                _raised(self if is_trace else getattr(self, "trace", None), exc)
+            except Exception:  # never the app's failure
+                log.debug("kvscope: could not mark an Agents SDK run that raised", exc_info=True)
+        return exit_(self, exc_type, exc, tb)
+
+    __exit__.__kvscope__ = True  # type: ignore[attr-defined]
+    return __exit__
+
+
+def _raised(trace: Any, error: BaseException) -> None:
+    """`trace` (a run's, or the app's block's) ended with `error`: an InvocationError to the
+    active tracker where the workflow made calls (none: it has no rows, so no trace)."""
+    with _LOCK:
+        run = _RUNS.get(id(trace))
+        workflow = run.workflow_run_id if run is not None and run.trace is trace else None
+    on_error = getattr(run_tracker.active(), "on_error", None)
+    if workflow is not None and on_error is not None:
+        on_error(InvocationError(workflow, type(error).__name__, error_text(error),
+                                 time.time_ns()))  # fmt: skip

@@ -21,6 +21,7 @@ from kvscope.config import EngineConfig
 from kvscope.engines.vllm import VllmEngine
 from kvscope.probe.intercept import Interceptor
 from kvscope.probe.wire import CallContext
+from kvscope.records.invocations import InvocationError
 from kvscope.records.requests import RequestRecord
 from kvscope.records.tools import ToolCall
 
@@ -62,10 +63,15 @@ def llm(engine: Engine) -> ChatOpenAI:
     return ChatOpenAI(model="smollm2", base_url=f"{BASE}/v1", api_key="x", http_client=http)
 
 
-def profiled(rows: list[RequestRecord], tools: list[ToolCall] | None = None) -> Interceptor:
+def profiled(
+    rows: list[RequestRecord],
+    tools: list[ToolCall] | None = None,
+    errors: list[InvocationError] | None = None,
+) -> Interceptor:
     ctx = CallContext("bench", "exp", "hash", "langgraph", 1, "smollm2", None, rows.append)
     append = tools.append if tools is not None else None
-    return Interceptor(VllmEngine(EngineConfig()), BASE, ctx, on_tool=append)
+    on_error = errors.append if errors is not None else None
+    return Interceptor(VllmEngine(EngineConfig()), BASE, ctx, on_tool=append, on_error=on_error)
 
 
 class Loop(TypedDict):

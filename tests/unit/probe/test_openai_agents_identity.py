@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 from test_identity import BASE, profiled
 from vllm_stub import Scripted
 
+from kvscope.records.invocations import InvocationError
 from kvscope.records.requests import RequestRecord
 from kvscope.records.tools import ToolCall
 
@@ -198,3 +199,48 @@ def test_a_failing_tool_is_a_tool_row_with_the_sdks_error() -> None:
     assert who(rows) == EXPECTED[:3]  # the model is told the tool failed, billing goes on
     assert [(t.name, t.graph_node) for t in tools] == [("lookup", "billing")]
     assert tools[0].error is not None and "tool" in tools[0].error.lower()
+
+
+@pytest.mark.parametrize("tracing", [True, False], ids=["tracing", "no-op"])
+def test_a_run_that_raises_is_an_invocation_error(tracing: bool) -> None:
+    """A Runner.run that raises after its calls (here: past max_turns) is an invocation that
+    raised, under its workflow id (its trace's root is then ERROR); a run that returns is not."""
+    agents.set_tracing_disabled(not tracing)
+    engine = Scripted(*SCRIPT)
+    triage = desk(engine)
+    rows: list[RequestRecord] = []
+    errors: list[InvocationError] = []
+    with profiled(rows, errors=errors):
+        with pytest.raises(agents.exceptions.MaxTurnsExceeded):
+            agents.Runner.run_sync(triage, "my invoice?", max_turns=1)
+        engine.script = list(SCRIPT)
+        agents.Runner.run_sync(triage, "again?")
+    assert who(rows)[:1] == [("triage", 1, None)] and len(rows) == 5
+    assert [(e.workflow_run_id, e.error_type) for e in errors] == [
+        (rows[0].workflow_run_id, "MaxTurnsExceeded")
+    ]
+    assert rows[1].workflow_run_id != rows[0].workflow_run_id and errors[0].error_message
+
+
+def test_an_app_trace_block_that_raises_is_an_invocation_error() -> None:
+    """The app's own `with trace(...)` block (one workflow around its runs) that raises after
+    a run returned: that workflow raised; a block that made no call has no trace to mark."""
+    engine = Scripted(*SCRIPT)
+    triage = desk(engine)
+    rows: list[RequestRecord] = []
+    errors: list[InvocationError] = []
+
+    async def conversation() -> None:
+        with agents.trace("support"):
+            await agents.Runner.run(triage, "my invoice?")
+            raise ValueError("the app's own step failed")
+
+    with profiled(rows, errors=errors):
+        with pytest.raises(ValueError):
+            asyncio.run(conversation())
+        with pytest.raises(KeyError), agents.trace("idle"):
+            raise KeyError("no call made")
+    assert len(rows) == 4 and len({r.workflow_run_id for r in rows}) == 1
+    assert [(e.workflow_run_id, e.description) for e in errors] == [
+        (rows[0].workflow_run_id, "ValueError: the app's own step failed")
+    ]
