@@ -38,6 +38,7 @@ SHARED = {  # the patterns one driver runs (each forked from it), in order -> th
     "concurrent_async": AT_ONCE, "concurrent_akickoff": AT_ONCE, "concurrent_threads": AT_ONCE,
     "example": "test_the_example_app", "example_hierarchical": "test_the_example_app_hierarchical",
     "concurrent_tasks": "test_async_tasks_of_one_kickoff",
+    "failing": "test_a_kickoff_that_raises_is_an_invocation_error",
 }  # fmt: skip
 
 DRIVER = r'''
@@ -60,6 +61,8 @@ LOCK = threading.Lock()
 RECORDS: list = []
 MANAGER_CALLS = [0]
 KICKOFFS: list = []  # CrewAI's own ids of the kickoffs (Crew._kickoff_event_id)
+ERRORS: list = []  # the invocations that raised, as the active tracker was told of them
+FAILED: list = []  # the exceptions the app's kickoffs raised, by type name
 
 
 def scripted(request: httpx.Request) -> httpx.Response | None:
@@ -105,6 +108,8 @@ send, asend = httpx.Client.send, httpx.AsyncClient.send
 
 def send_recorded(self, request, **kwargs):
     record(request)
+    if pattern == "failing" and b"ENGINE-DOWN" in request.content:
+        raise httpx.ConnectError("the engine went away", request=request)
     if pattern.startswith("concurrent"):
         time.sleep(0.2)  # the two kickoffs' calls interleave
     return scripted(request) or send(self, request, **kwargs)
@@ -152,7 +157,8 @@ def run(name):
     pattern = name
     drive_pattern()
     outside = probe.place()  # after the kickoffs: outside any
-    return {"records": RECORDS, "outside": outside, "kickoffs": KICKOFFS}
+    return {"records": RECORDS, "outside": outside, "kickoffs": KICKOFFS, "errors": ERRORS,
+            "failed": FAILED}
 
 
 def drive_pattern():
@@ -187,6 +193,16 @@ def drive_pattern():
         summary = Task(name="summary", description="Sum up {topic}.", expected_output="A line.",
                        agent=c.agents[0], context=list(c.tasks))
         Crew(agents=c.agents, tasks=[*c.tasks, summary]).kickoff(inputs={"topic": "cats"})
+    elif pattern == "failing":  # the writer's call fails: the kickoff raises
+        from kvscope.probe import run_tracker
+        run_tracker.activate(None, lambda e: ERRORS.append(dataclasses.asdict(e)))
+        failing = crew()
+        failing.tasks[1].description += " ENGINE-DOWN"
+        try:
+            failing.kickoff(inputs={"topic": "cats"})
+        except Exception as e:
+            FAILED.append(type(e).__name__)
+        KICKOFFS.append(failing._kickoff_event_id)
     elif pattern == "concurrent_threads":
         threads = [threading.Thread(target=crew().kickoff, kwargs={"inputs": {"topic": t}})
                    for t in TOPICS]
@@ -392,3 +408,18 @@ def test_async_tasks_of_one_kickoff(driven: tuple[Path, str]) -> None:
         "researcher", "researcher/summary", 2
     )  # fmt: skip
     assert last["previous_agent_id"] == second["agent_id"]
+
+
+def test_a_kickoff_that_raises_is_an_invocation_error(driven: tuple[Path, str]) -> None:
+    """A kickoff whose writer's call fails raises: the tracker hears of an invocation that
+    raised, under the kickoff's workflow id and the exception's type (its trace's root is then
+    ERROR); the researcher's call before it was placed in that kickoff."""
+    result = drive(driven, "failing")
+    (run,) = runs_of(result)
+    assert run[0]["agent_id"] == "researcher" and run[-1]["agent_id"] == "writer"
+    assert run[0]["workflow_run_id"] == result["kickoffs"][0]
+    assert len(result["failed"]) == 1
+    assert [(e["workflow_run_id"], e["error_type"]) for e in result["errors"]] == [
+        (result["kickoffs"][0], result["failed"][0])
+    ]
+    assert "connect" in result["errors"][0]["error_message"].lower()  # the raised message

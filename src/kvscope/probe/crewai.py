@@ -43,6 +43,7 @@ is already.
 """
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -190,6 +191,8 @@ def _seen(event: Any) -> None:
     _CHAIN.set(chain[:i])
     if kind == "tool":
         _tool_ended(chain[: i + 1], now)
+    elif event.type == "crew_kickoff_failed":
+        _kickoff_failed(chain[i].run, str(getattr(event, "error", "") or ""), now)
 
 
 def _tool_ended(chain: tuple[_Frame, ...], end_ns: int) -> None:
@@ -203,6 +206,23 @@ def _tool_ended(chain: tuple[_Frame, ...], end_ns: int) -> None:
     ms = (end_ns - chain[-1].start_ns) / 1e6
     with _LOCK:
         run.tool_ms[role] = run.tool_ms.get(role, 0.0) + ms
+
+
+def _kickoff_failed(run: _Run | None, message: str, end_ns: int) -> None:
+    """A kickoff that made calls raised: an invocation that raised (records/invocations.py; its
+    trace's root is then ERROR), handed to the active tracker. CrewAI emits the failed event
+    while it handles the exception, so the exception's type is the one being handled here."""
+    if run is None or not run.visits:
+        return
+    from kvscope.probe import run_tracker  # only where a kickoff failed
+    from kvscope.records.invocations import InvocationError, error_text
+
+    on_error = getattr(run_tracker.active(), "on_error", None)
+    if on_error is None:
+        return
+    handled = sys.exc_info()[1] or RuntimeError(message)  # CrewAI's event keeps only str(e)
+    text = error_text(handled)
+    on_error(InvocationError(run.workflow_run_id, type(handled).__name__, text, end_ns))
 
 
 def _follow(event: Any) -> None:
