@@ -33,6 +33,7 @@ SHARED = {  # the patterns one driver runs (each forked from it), in order -> th
     "selector": "test_selector_group_chat", "single": "test_single_agent_runs",
     "gather": "test_teams_at_once", "threads": "test_teams_at_once", "tools": "test_tool_time",
     "nested": "test_team_in_a_team", "example": "test_example_app",
+    "failing": "test_a_team_run_that_raises_is_an_invocation_error",
 }  # fmt: skip
 TOOL_S = 0.05
 MANAGER = "SelectorGroupChatManager"  # AutoGen's name for a SelectorGroupChat's manager
@@ -61,6 +62,8 @@ if LATE:
     probe.watch()  # after: installs at once
 LOCK = threading.Lock()
 RECORDS: list = []
+ERRORS: list = []  # the invocations that raised, as the active tracker was told of them
+FAILED: list = []  # the exceptions the app's runs raised, by type name
 TOOL_S = float(os.environ["TOOL_S"])
 
 
@@ -100,11 +103,11 @@ async def asend_recorded(self, request, **kwargs):
 httpx2.Client.send, httpx2.AsyncClient.send = send_recorded, asend_recorded
 
 
-def client(tools=False):
+def client(tools=False, **kwargs):
     info = ModelInfo(vision=False, function_calling=tools, json_output=False, family="unknown",
                      structured_output=False)
     return OpenAIChatCompletionClient(model="SmolLM2-135M-Instruct", model_info=info,
-                                      max_tokens=8)
+                                      max_tokens=8, **kwargs)
 
 
 def agents(*names):
@@ -184,6 +187,17 @@ async def main(pattern):
         team = RoundRobinGroupChat([Looker("looker"), helper, *agents("writer")],
                                    termination_condition=MaxMessageTermination(4))
         await team.run(task="Go.")
+    elif pattern == "failing":  # the critic's engine is gone: the team run raises
+        from kvscope.probe import run_tracker
+        run_tracker.activate(None, lambda e: ERRORS.append(dataclasses.asdict(e)))
+        gone = client(base_url="http://127.0.0.1:9/v1", max_retries=0)
+        critic = AssistantAgent("critic", model_client=gone, system_message="Be brief.")
+        team = RoundRobinGroupChat([*agents("writer"), critic], name="review",
+                                   termination_condition=MaxMessageTermination(5))
+        try:
+            await team.run(task="Write a haiku.")
+        except Exception as e:
+            FAILED.append(type(e).__name__)
     elif pattern == "nested":
         inner = RoundRobinGroupChat(agents("a", "b"), name="inner",
                                     termination_condition=MaxMessageTermination(2))
@@ -210,6 +224,8 @@ def run(pattern):
         runpy.run_path(os.environ["EXAMPLE"], run_name="__main__")
     else:
         asyncio.run(main(pattern))
+    if pattern == "failing":
+        return {"places": RECORDS, "errors": ERRORS, "failed": FAILED}
     return RECORDS
 
 
@@ -395,3 +411,16 @@ def test_standard_library_only(probe_path: Path) -> None:
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_team_run_that_raises_is_an_invocation_error(driven: tuple[Path, str]) -> None:
+    """A team run whose critic cannot reach its engine raises: the tracker hears of an
+    invocation that raised, under the run's workflow id and the exception's type (its trace's
+    root is then ERROR)."""
+    result = drive(driven, "failing")
+    (calls,) = by_run(result["places"]).values()
+    assert [c["agent_id"] for c in calls][:2] == ["writer", "critic"]
+    assert len(result["failed"]) == 1
+    assert [(e["workflow_run_id"], e["error_type"]) for e in result["errors"]] == [
+        (calls[0]["workflow_run_id"], result["failed"][0])
+    ]

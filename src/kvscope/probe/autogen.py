@@ -225,19 +225,26 @@ async def _relay(frame: _Frame | None, stream: Any) -> AsyncIterator[Any]:
         await stream.aclose()
 
 
-def _wrapped(fn: Callable[..., Any], framing: Callable[[Any], _Frame]) -> Callable[..., Any]:
+def _wrapped(
+    fn: Callable[..., Any], framing: Callable[[Any], _Frame], run: bool = False
+) -> Callable[..., Any]:
     """`fn` (a method: a coroutine or async generator function) run in the frame `framing`
-    gives for its object."""
+    gives for its object; `run`: a run's method (an exception ending a workflow it began is
+    an invocation that raised: `_ended`)."""
     if getattr(fn, MARK, False):
         return fn
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def stream(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            relay = _relay(_framed(framing, self), fn(self, *args, **kwargs))
+            frame = _framed(framing, self)
+            relay = _relay(frame, fn(self, *args, **kwargs))
             try:
                 async for item in relay:
                     yield item
+            except BaseException as err:
+                _ended(frame if run else None, err, top=())
+                raise
             finally:
                 await relay.aclose()
 
@@ -250,12 +257,31 @@ def _wrapped(fn: Callable[..., Any], framing: Callable[[Any], _Frame]) -> Callab
         token = None if frame is None else _WHERE.set(frame)
         try:
             return await fn(self, *args, **kwargs)
+        except BaseException as err:
+            _ended(frame if run else None, err, top=())
+            raise
         finally:
             if token is not None:
                 _WHERE.reset(token)
 
     setattr(call, MARK, True)
     return call
+
+
+def _ended(frame: _Frame | None, error: BaseException, top: tuple[str, ...]) -> None:
+    """A run's method raised: where the run began its workflow (its frame's path is `top`: no
+    enclosing run) and made calls, an invocation that raised (run_tracker.raised). Not the app
+    closing a stream early (GeneratorExit)."""
+    if frame is None or frame.path != top or isinstance(error, GeneratorExit):
+        return
+    if frame.run.last_agent is None:  # no call: no rows, no trace
+        return
+    from kvscope.probe import run_tracker  # only where a run raised
+
+    try:
+        run_tracker.raised(frame.run.workflow_run_id, error)
+    except Exception:  # never the app's failure
+        log.debug("kvscope: could not mark an AutoGen run that raised", exc_info=True)
 
 
 def _wrap_agent_class(cls: type) -> None:
@@ -269,7 +295,7 @@ def _wrap_agent_class(cls: type) -> None:
 def _install_agents(module: ModuleType) -> None:
     base: type = module.BaseChatAgent
     for name in ("run", "run_stream"):
-        setattr(base, name, _wrapped(base.__dict__[name], _run_frame))
+        setattr(base, name, _wrapped(base.__dict__[name], _run_frame, run=True))
     _wrap_agent_class(base)
     pending, seen = list(base.__subclasses__()), set()
     while pending:  # subclasses defined before install
@@ -312,6 +338,9 @@ def _install_teams(module: ModuleType) -> None:
         try:
             async for item in stream:
                 yield item
+        except BaseException as err:
+            _ended(frame, err, top=frame.path[-1:] if frame is not None else ())
+            raise
         finally:
             if frame is not None:
                 with _LOCK:

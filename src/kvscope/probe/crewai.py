@@ -209,20 +209,14 @@ def _tool_ended(chain: tuple[_Frame, ...], end_ns: int) -> None:
 
 
 def _kickoff_failed(run: _Run | None, message: str, end_ns: int) -> None:
-    """A kickoff that made calls raised: an invocation that raised (records/invocations.py; its
-    trace's root is then ERROR), handed to the active tracker. CrewAI emits the failed event
-    while it handles the exception, so the exception's type is the one being handled here."""
+    """A kickoff that made calls raised: an invocation that raised (run_tracker.raised). CrewAI
+    emits the failed event while it handles the exception: that is the one handled here."""
     if run is None or not run.visits:
         return
     from kvscope.probe import run_tracker  # only where a kickoff failed
-    from kvscope.records.invocations import InvocationError, error_text
 
-    on_error = getattr(run_tracker.active(), "on_error", None)
-    if on_error is None:
-        return
     handled = sys.exc_info()[1] or RuntimeError(message)  # CrewAI's event keeps only str(e)
-    text = error_text(handled)
-    on_error(InvocationError(run.workflow_run_id, type(handled).__name__, text, end_ns))
+    run_tracker.raised(run.workflow_run_id, handled, end_ns)
 
 
 def _follow(event: Any) -> None:

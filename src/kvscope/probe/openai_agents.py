@@ -50,7 +50,6 @@ from typing import Any
 
 from kvscope.probe import post_import, run_tracker
 from kvscope.probe.place import FrameworkPlace
-from kvscope.records.invocations import InvocationError, error_text
 from kvscope.records.tools import ToolCall, tool_text
 
 log = logging.getLogger(__name__)
@@ -268,12 +267,10 @@ def _exit_marking(exit_: Callable[..., Any], is_trace: bool) -> Callable[..., An
 
 
 def _raised(trace: Any, error: BaseException) -> None:
-    """`trace` (a run's, or the app's block's) ended with `error`: an InvocationError to the
-    active tracker where the workflow made calls (none: it has no rows, so no trace)."""
+    """`trace` (a run's, or the app's block's) ended with `error`: an invocation that raised,
+    where its workflow made calls (none: it has no rows, so no trace)."""
     with _LOCK:
         run = _RUNS.get(id(trace))
         workflow = run.workflow_run_id if run is not None and run.trace is trace else None
-    on_error = getattr(run_tracker.active(), "on_error", None)
-    if workflow is not None and on_error is not None:
-        on_error(InvocationError(workflow, type(error).__name__, error_text(error),
-                                 time.time_ns()))  # fmt: skip
+    if workflow is not None:
+        run_tracker.raised(workflow, error)

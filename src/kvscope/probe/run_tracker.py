@@ -328,3 +328,14 @@ def deactivate() -> None:
 
 def active() -> RunTracker | None:
     return _SLOT.get()
+
+
+def raised(workflow_run_id: str, error: BaseException, end_ns: int | None = None) -> None:
+    """Another framework's run that made calls (probe/openai_agents.py, crewai.py, autogen.py;
+    LangGraph's the tracker sees itself) ended with `error`: an invocation that raised, handed
+    to the active tracker's `on_error` (its trace's root is then ERROR); none active: dropped."""
+    tracker = active()
+    if tracker is not None and tracker.on_error is not None:
+        end_ns = time.time_ns() if end_ns is None else end_ns
+        name = type(error).__name__
+        tracker.on_error(InvocationError(workflow_run_id, name, error_text(error), end_ns))
