@@ -208,6 +208,10 @@ def _tool_ended(chain: tuple[_Frame, ...], end_ns: int) -> None:
         run.tool_ms[role] = run.tool_ms.get(role, 0.0) + ms
 
 
+class KickoffFailed(RuntimeError):
+    """A failed kickoff whose exception is not in reach here: only its text (the event's)."""
+
+
 def _kickoff_failed(run: _Run | None, message: str, end_ns: int) -> None:
     """A kickoff that made calls raised: an invocation that raised (run_tracker.raised). CrewAI
     emits the failed event while it handles the exception: that is the one handled here."""
@@ -215,7 +219,7 @@ def _kickoff_failed(run: _Run | None, message: str, end_ns: int) -> None:
         return
     from kvscope.probe import run_tracker  # only where a kickoff failed
 
-    handled = sys.exc_info()[1] or RuntimeError(message)  # CrewAI's event keeps only str(e)
+    handled = sys.exc_info()[1] or KickoffFailed(message)  # CrewAI's event keeps only str(e)
     run_tracker.raised(run.workflow_run_id, handled, end_ns)
 
 
