@@ -64,15 +64,12 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
     first, carry = 1, b""
     with path.open("rb") as f:
         while data := f.read(CHUNK_BYTES):
-            data = carry + data if carry else data
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry = data
-                continue
-            carry = data[cut + 1 :]
-            lines = data[:cut].split(b"\n")
-            yield first, lines
-            first += len(lines)
+            lines = data.split(b"\n")  # the last: the start of a line the next read goes on with
+            lines[0] = carry + lines[0] if carry else lines[0]
+            carry = lines.pop()
+            if lines:
+                yield first, lines
+                first += len(lines)
     if carry:
         yield first, [carry]
 
