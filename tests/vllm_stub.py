@@ -74,6 +74,7 @@ class Stub:
     # what return_token_ids returns (the recorded prompt was 592 tokens long)
     prompt_ids: list[int] = field(default_factory=lambda: list(range(1, 593)))
     held_back: bool = False  # with return_token_ids: a held-back chunk after the first content
+    piece_bytes: int | None = None  # the stream sent in pieces of this many bytes (None: events)
 
     def events(self, path: str, body: dict[str, Any]) -> list[str]:
         wants_usage = (body.get("stream_options") or {}).get("include_usage")
@@ -116,6 +117,9 @@ class Stub:
             if not body.get("stream"):
                 return lib.Response(200, json=self.reply(request.url.path, body))
             events = [e.encode() for e in self.events(request.url.path, body)]
+            if self.piece_bytes is not None:  # cut anywhere: inside events, several in one
+                text, n = b"".join(events), self.piece_bytes
+                events = [text[i : i + n] for i in range(0, len(text), n)]
             stream = self._async(lib, events) if asynchronous else self._sync(lib, events)
             return lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
 

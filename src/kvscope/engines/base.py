@@ -203,6 +203,11 @@ class Engine(ABC):
         sends it when prompt_ids_fields were not asked for; None for an event only they bring."""
         return data
 
+    # whether `without_prompt_ids(run, None)` edits a run of several whole SSE events exactly as
+    # it edits each alone (an edit of every occurrence, byte for byte): the reply is then edited
+    # a network read at a time, not an event at a time (probe/reply_edit.py)
+    prompt_ids_edit_runs: bool = False
+
     @classmethod
     def may_be_prompt_ids_only(cls, event: bytes) -> bool:
         """Whether one SSE event's bytes may be an event only prompt_ids_fields bring (it is then

@@ -225,6 +225,8 @@ class VllmEngine(Engine):
     def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
         return vllm_ids.prompt_ids(reply)
 
+    prompt_ids_edit_runs = True  # vllm_ids.without_ids nulls every id list it finds
+
     @classmethod
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
         return vllm_ids.without_ids(data, chunk)

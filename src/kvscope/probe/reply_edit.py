@@ -12,7 +12,10 @@ gets, per SSE event (`kept`):
 Parsing for the call's row (TTFT, usage, the ids) is not done here: a call keeps the events and
 its row is made from them later, off the app's thread (probe/wire.InFlight).
 
-`events(buffer)` splits complete SSE events off a buffer ("\\n\\n", "\\r\\n\\r\\n" or mixed ends).
+`events(buffer)` splits complete SSE events off a buffer ("\\n\\n", "\\r\\n\\r\\n" or mixed ends);
+`whole(buffer)` says how much of it is whole events. `kept_run(run)` edits a run of whole events
+(what one network read completed) at once where nothing in it can be dropped and the engine's
+edit takes several events at once (`runs`), else event by event: the same bytes either way.
 """
 
 import re
@@ -33,6 +36,12 @@ def events(buffer: bytes) -> tuple[list[bytes], bytes]:
         out.append(buffer[start : end.end()])
         start = end.end()
     return out, buffer[start:]
+
+
+def whole(buffer: bytes) -> int:
+    """How many bytes at the head of `buffer` are whole events (0: none has ended yet)."""
+    lf, crlf = buffer.rfind(b"\n\n"), buffer.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
 def data_of(event: bytes) -> bytes:
@@ -60,10 +69,28 @@ class ReplyEdit:
     the app reads the engine's bytes as they come)."""
 
     def __init__(
-        self, strip: bool, without: Without | None, candidate: Callable[[bytes], bool]
+        self,
+        strip: bool,
+        without: Without | None,
+        candidate: Callable[[bytes], bool],
+        runs: bool = False,
     ) -> None:
-        self.strip, self.without, self.candidate = strip, without, candidate
+        """`runs`: `without(run, None)` edits several whole events at once exactly as each alone
+        (Engine.prompt_ids_edit_runs)."""
+        self.strip, self.without, self.candidate, self.runs = strip, without, candidate, runs
         self.active = strip or without is not None
+
+    def kept_run(self, run: bytes) -> bytes:
+        """What the app gets of `run`, one or more whole events (`whole`): at once where no event
+        in it may be dropped (no usage chunk to strip, none the ids alone may have brought) and
+        the edit takes them together (`runs`, or a single event), else event by event."""
+        dropping = (self.strip and b'"usage"' in run) or (
+            self.without is not None and self.candidate(run)
+        )
+        if not dropping and (self.without is None or self.runs or run.count(b"data:") <= 1):
+            return run if self.without is None else self.without(run, None) or b""
+        done, rest = events(run)
+        return b"".join([self.kept(event) for event in done]) + rest
 
     def kept(self, event: bytes) -> bytes:
         """What the app gets of one complete SSE event."""

@@ -51,7 +51,7 @@ from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
 from kvscope.probe.json_body import loads
 from kvscope.probe.measure import Seen, dumps, failure, measured, short
-from kvscope.probe.reply_edit import ReplyEdit, data_of, events
+from kvscope.probe.reply_edit import ReplyEdit, data_of, events, whole
 from kvscope.records.payloads import CallPayload
 from kvscope.records.requests import STATUS_ERROR, STATUS_OK, RequestRecord
 
@@ -165,7 +165,9 @@ class InFlight(CallEnd):
         if self.sse and (self.strip or self.rewrite):
             engine = self.engine
             without = engine.without_prompt_ids if self.rewrite else None
-            self.edit = ReplyEdit(self.strip, without, engine.may_be_prompt_ids_only)
+            self.edit = ReplyEdit(
+                self.strip, without, engine.may_be_prompt_ids_only, engine.prompt_ids_edit_runs
+            )
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Bytes of the reply as the app reads them -> the bytes the app gets. Only what the app
@@ -176,12 +178,14 @@ class InFlight(CallEnd):
         if self.edit is None:
             self.pieces.append((now, chunk))
             return b"" if self.rewrite else chunk  # an edited body goes to the app at its end
-        done, self.buffer = events(self.buffer + chunk)
-        if not done:
+        buffer = self.buffer + chunk if self.buffer else chunk
+        end = whole(buffer)
+        if not end:
+            self.buffer = buffer
             return b""
-        self.pieces += [(now, event) for event in done]
-        kept = self.edit.kept
-        return b"".join([kept(event) for event in done])
+        run, self.buffer = (buffer, b"") if end == len(buffer) else (buffer[:end], buffer[end:])
+        self.pieces.append((now, run))  # its events are split where the row is made (`_read`)
+        return self.edit.kept_run(run)
 
     def flush(self, now: float) -> bytes:
         """The end of the reply: what was held back (an unterminated last event, or the whole
