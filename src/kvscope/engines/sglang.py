@@ -262,6 +262,8 @@ class SglangEngine(Engine):
     def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
         return sglang_ids.prompt_ids(reply)
 
+    prompt_ids_edit_runs = sglang_ids.EDITS_RUNS
+
     @classmethod
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:
         return sglang_ids.without_ids(data, chunk)

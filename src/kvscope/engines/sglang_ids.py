@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+EDITS_RUNS = False  # without_ids cuts one event's sglext member: an event at a time
 FIELD = "return_input_ids_in_sglext"
 HEADER = "x-sglext-return-input-ids"
 _IDS = rb'"input_ids"\s*:\s*\[[-0-9,\s]*\]'

@@ -225,7 +225,7 @@ class VllmEngine(Engine):
     def reply_prompt_ids(cls, reply: Mapping[str, Any]) -> list[int] | None:
         return vllm_ids.prompt_ids(reply)
 
-    prompt_ids_edit_runs = True  # vllm_ids.without_ids nulls every id list it finds
+    prompt_ids_edit_runs = vllm_ids.EDITS_RUNS
 
     @classmethod
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 FIELD = "return_token_ids"
+# without_ids nulls every id list in what it is given: a run of whole events is edited as each alone
+EDITS_RUNS = True
 # `token_ids"` first (a literal the scan looks for), then a look back that it was the whole key
 _IDS = re.compile(rb'(token_ids"(?:(?<="token_ids")|(?<="prompt_token_ids"))\s*:\s*)\[[-0-9,\s]*\]')
 _EMPTY_DELTA = re.compile(rb'"delta"\s*:\s*\{\s*\}')

@@ -36,7 +36,7 @@ from typing import Any
 
 from kvscope.probe.call_end import CallEnd
 from kvscope.probe.identity import CallIdentity
-from kvscope.probe.reply_edit import ReplyEdit, events
+from kvscope.probe.reply_edit import ReplyEdit, whole
 
 log = logging.getLogger(__name__)
 RAW_CALLS_JSONL = "raw_calls.jsonl"  # a process's records: part files raw_calls.jsonl.<pid>
@@ -130,7 +130,8 @@ class RawCall(CallEnd):
         if self.sse and (self.strip or self.rewrite):
             without = self.edit.without_ids if self.rewrite and self.edit is not None else None
             candidate = self.edit.may_be_added if self.edit is not None else _never
-            self.reply_edit = ReplyEdit(self.strip, without, candidate)
+            runs = getattr(self.edit, "EDITS_RUNS", False)
+            self.reply_edit = ReplyEdit(self.strip, without, candidate, runs)
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         self.chunks.append((now - self.t0, chunk.decode("latin-1")))
@@ -139,9 +140,10 @@ class RawCall(CallEnd):
         if self.reply_edit is None:  # a body edited at its end
             self.buffer += chunk
             return b""
-        done, self.buffer = events(self.buffer + chunk)
-        kept = self.reply_edit.kept
-        return b"".join([kept(event) for event in done])
+        buffer = self.buffer + chunk
+        end = whole(buffer)
+        run, self.buffer = buffer[:end], buffer[end:]
+        return self.reply_edit.kept_run(run) if run else b""
 
     def flush(self, now: float) -> bytes:
         if not (self.strip or self.rewrite):
