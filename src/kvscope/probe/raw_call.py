@@ -140,9 +140,7 @@ class RawCall(CallEnd):
         if self.reply_edit is None:  # a body edited at its end
             self.buffer += chunk
             return b""
-        buffer = self.buffer + chunk
-        end = whole(buffer)
-        run, self.buffer = buffer[:end], buffer[end:]
+        run, self.buffer = whole(self.buffer + chunk)
         return self.reply_edit.kept_run(run) if run else b""
 
     def flush(self, now: float) -> bytes:

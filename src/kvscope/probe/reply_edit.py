@@ -13,9 +13,9 @@ Parsing for the call's row (TTFT, usage, the ids) is not done here: a call keeps
 its row is made from them later, off the app's thread (probe/wire.InFlight).
 
 `events(buffer)` splits complete SSE events off a buffer ("\\n\\n", "\\r\\n\\r\\n" or mixed ends);
-`whole(buffer)` says how much of it is whole events. `kept_run(run)` edits a run of whole events
-(what one network read completed) at once where nothing in it can be dropped and the engine's
-edit takes several events at once (`runs`), else event by event: the same bytes either way.
+`whole(buffer)` cuts off the whole events at its head as one run. `kept_run(run)` edits a run of
+whole events (what one network read completed) at once where nothing in it can be dropped and
+the engine's edit takes several events at once (`runs`), else event by event: the same bytes.
 """
 
 import re
@@ -38,10 +38,12 @@ def events(buffer: bytes) -> tuple[list[bytes], bytes]:
     return out, buffer[start:]
 
 
-def whole(buffer: bytes) -> int:
-    """How many bytes at the head of `buffer` are whole events (0: none has ended yet)."""
+def whole(buffer: bytes) -> tuple[bytes, bytes]:
+    """(the whole events at the head of `buffer` as one run, b"" if none has ended yet; the
+    rest: an event not ended yet)."""
     lf, crlf = buffer.rfind(b"\n\n"), buffer.rfind(b"\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    return buffer[:end], buffer[end:]
 
 
 def data_of(event: bytes) -> bytes:

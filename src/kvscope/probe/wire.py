@@ -178,12 +178,9 @@ class InFlight(CallEnd):
         if self.edit is None:
             self.pieces.append((now, chunk))
             return b"" if self.rewrite else chunk  # an edited body goes to the app at its end
-        buffer = self.buffer + chunk if self.buffer else chunk
-        end = whole(buffer)
-        if not end:
-            self.buffer = buffer
+        run, self.buffer = whole(self.buffer + chunk)
+        if not run:
             return b""
-        run, self.buffer = (buffer, b"") if end == len(buffer) else (buffer[:end], buffer[end:])
         self.pieces.append((now, run))  # its events are split where the row is made (`_read`)
         return self.edit.kept_run(run)
 
