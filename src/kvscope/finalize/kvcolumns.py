@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvscope.records import blockkey
-from kvscope.records.base import ArrowBatches, is_arrow_stream
+from kvscope.records.base import ArrowBatches
+from kvscope.records.formats import is_arrow_stream
 from kvscope.records.kv_events import (
     BATCHES_SCHEMA,
     EVENTS_SCHEMA,

@@ -24,6 +24,7 @@ import orjson
 import pyarrow as pa
 
 from kvscope.errors import WriteError
+from kvscope.records.formats import is_arrow_stream
 from kvscope.records.plain import record_dict  # noqa: F401  (the records import it from here)
 
 Row = dict[str, Any]  # one row of a table as a dict (a request, a block life, a sample)
@@ -76,15 +77,6 @@ class JsonlWriter(Generic[R]):
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-ARROW_MARK = b"\xff\xff\xff\xff"  # how an Arrow IPC stream (its first message) begins
-
-
-def is_arrow_stream(path: Path) -> bool:
-    """Whether the file is an Arrow IPC stream (else a JSONL stream: an older run's)."""
-    with path.open("rb") as f:
-        return f.read(len(ARROW_MARK)) == ARROW_MARK
 
 
 class ArrowWriter(Generic[R]):

@@ -21,7 +21,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from kvscope.records.base import ArrowBatches, is_arrow_stream, read_jsonl, record_dict
+from kvscope.records.base import ArrowBatches, read_jsonl, record_dict
+from kvscope.records.formats import is_arrow_stream
 from kvscope.records.tokens import id_lists
 
 KV_EVENTS_ARROW = "kv_events.arrow"

@@ -1,5 +1,5 @@
 """What a replay process loads: a JSONL trace replayed by the compiled kernel loads neither
-pyarrow (sim/inputs/sniff.py tells Arrow apart by its first bytes) nor scipy.linalg (numba's BLAS
+pyarrow (records/formats.py tells Arrow apart by its first bytes) nor scipy.linalg (numba's BLAS
 probe is deferred: sim/caches/compiled.py), and np.dot in compiled code still finds BLAS."""
 
 import json

@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from kvscope.errors import KvscopeError
 from kvscope.records.base import ArrowBatches, joined
+from kvscope.records.formats import MAGIC_FILE, head
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
-from kvscope.sim.inputs.sniff import MAGIC_FILE, head
 from kvscope.sim.trace import Trace
 
 GROUP_BYTES = 8 << 20  # record batches joined up to about this many bytes before reading them

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
-from kvscope.sim.inputs import chunks, jsonl, sniff
+from kvscope.records import formats
+from kvscope.sim.inputs import chunks, jsonl
 from kvscope.sim.inputs.rows import Read, gathered
 from kvscope.sim.trace import Trace, chain_keys
 
@@ -105,7 +106,7 @@ def trace_reads(path: Path, block_size: int | None) -> TraceReads:
     notes: list[str] = []
     if not path.is_file():
         raise KvscopeError(f"{path} is not a trace file")
-    if sniff.is_arrow(path):
+    if formats.is_arrow(path):
         from kvscope.sim.inputs import arrow_tokens  # pyarrow: only where the trace is Arrow
 
         bs = _need_block_size(block_size, path, "an Arrow token-id trace")
