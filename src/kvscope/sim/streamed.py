@@ -139,7 +139,7 @@ def stream_lru(
         demand = int(np.maximum(-(-(prompt + output - 1) // bs), 0).sum())
         pool.reserve(base + m, demand, attribute)
         out_cached, out_pre = np.zeros(m, np.int64), np.zeros(m, np.bool_)
-        rows = np.empty((len(keys) + 1, 3), dtype=np.int64)
+        rows = np.empty((len(keys) + 1 if attribute else 1, 3), dtype=np.int64)  # harm rows
         pool.arena, nharm = k.run_chunk(
             reqs, kinds, base, prompt, output, offsets,
             np.ascontiguousarray(keys, dtype=np.uint64), bs, pool.cap,

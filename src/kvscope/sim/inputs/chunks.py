@@ -95,33 +95,38 @@ def _lifted(numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) 
 
 def _ids(texts: list[bytes], dtype: type) -> tuple[np.ndarray, np.ndarray] | None:
     """(the ids of the lists `texts` flat, how many each has), parsed by one np.fromstring; None
-    where a list is not plain integers below dtype's maximum. Signed ids whose lists are all
-    non-empty are read with -1 after each list (no list holds a '-': a negative id adds an end
-    and fails the count), so the ends give the counts; otherwise each list's commas do."""
+    where a list is not plain integers below dtype's maximum. Where every list holds something,
+    they are read with an end mark after each (-1 signed, dtype's maximum unsigned: no list
+    holds a '-', and an id at the maximum is refused anyway, so an id that is not a mark adds
+    an end and fails the count): the ends give the counts. Otherwise each list's commas do."""
     if any(t.translate(None, _PLAIN) for t in texts):
         return None
-    signed = np.dtype(dtype).kind == "i" and all(t.strip() for t in texts)
-    if signed:
-        joined = b",-1,".join(texts) + b",-1"
+    info = np.iinfo(dtype)
+    if all(t.strip() for t in texts):
+        end = -1 if info.min < 0 else info.max
+        mark = b"," + str(end).encode()
+        joined = (mark + b",").join(texts) + mark
+        try:
+            ids = np.fromstring(joined, dtype=dtype, sep=",")
+        except ValueError:  # numpy >= 2.3 raises where older ones stop early
+            return None
+        ends = np.flatnonzero(ids == end)
+        if len(ends) != len(texts) or ends[-1] != len(ids) - 1:
+            return None
+        counts = np.diff(ends, prepend=-1) - 1
+        ids = ids[ids != end]
     else:
         joined = b",".join([t for t in texts if t.strip()])
         joined += b",0" if joined else b""  # an end: a list that stops the parse falls short
-    try:
-        ids = np.fromstring(joined, dtype=dtype, sep=",") if joined else np.zeros(0, dtype)
-    except ValueError:  # numpy >= 2.3 raises where older ones stop early
-        return None
-    if signed:
-        ends = np.flatnonzero(ids < 0)
-        if len(ends) != len(texts) or (len(ends) and ends[-1] != len(ids) - 1):
+        try:
+            ids = np.fromstring(joined, dtype=dtype, sep=",") if joined else np.zeros(0, dtype)
+        except ValueError:
             return None
-        counts = np.diff(ends, prepend=-1) - 1
-        ids = ids[ids >= 0]
-    else:
         counts = np.array([t.count(b",") + 1 if t.strip() else 0 for t in texts], np.int64)
         if len(ids) != (int(counts.sum()) + 1 if joined else 0):
             return None
         ids = ids[: len(ids) - 1] if joined else ids
-    if len(ids) and ids.max() == np.iinfo(dtype).max:  # strtoll / strtoull saturate
+    if len(ids) and ids.max() == info.max:  # strtoll / strtoull saturate
         return None
     return ids, counts
 
