@@ -3,6 +3,7 @@
     .venv/bin/python bench/load.py [--workflows 200] [--seconds 300] [--no-tokenize]
     .venv/bin/python bench/load.py --workflows 100 500 --calls 100000   # scale: closed loop
     .venv/bin/python bench/load.py --workflows 100 --seconds 40 --bare-seconds 40 --rounds 3
+    .venv/bin/python bench/load.py --workflows 100 --rate 200   # latency at a load the loop bears
 
 The engine is a stand-in that answers at once (bench/standin_engine.py: vLLM 0.32.0's recorded
 replies over real HTTP, from a process of its own), so every cost measured is the app's and the
@@ -28,6 +29,12 @@ one turn per invocation) until the time is up. Calls are counted where they are 
    (run.json's capture.prompt_tokenization: off the loop, or on it when the queue was full), and
    the profiled process's RSS sampled every 2 s:
    peak, and its slope over the second half of the load (flat = no growth per call).
+
+Closed loop (the default), each workflow sends its next call as soon as its last is answered: the
+event loop is saturated, so a call's latency is the workflows over the throughput, and latency
+added mirrors throughput lost. `--rate R` offers R calls a second in all instead (an open-loop
+schedule the workflows share; each call's latency counts from its slot): at a rate the bare app
+bears, latency added is what the profiler adds to a call, queueing on the loop included.
 
 Each load phase also reports CPU per call: the event loop thread's own (time.thread_time in it:
 the app plus what kvscope does on its hot path), the whole process's (kvscope's threads
@@ -110,16 +117,31 @@ class State(TypedDict):
     notes: list[str]
 
 
-def graph(client: openai.AsyncOpenAI, model: str, tally: Tally) -> Any:
-    """The app: four nodes, each one streamed chat call."""
+class Pacer:
+    """Calls offered at `rate` a second in all (`--rate`: one schedule the workflows share, open
+    loop): each call waits for its slot, and its latency counts from the slot, so a loop that
+    falls behind shows in the latency, not in fewer calls (no coordinated omission)."""
+
+    def __init__(self, rate: float) -> None:
+        self.gap, self.next = 1.0 / rate, time.perf_counter()
+
+    async def slot(self) -> float:
+        at, self.next = self.next, self.next + self.gap
+        if (wait := at - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        return at
+
+
+def graph(client: openai.AsyncOpenAI, model: str, tally: Tally, pacer: Pacer | None) -> Any:
+    """The app: four nodes, each one streamed chat call (each at its slot, with a pacer)."""
 
     def node(agent: str) -> Callable[[State], Awaitable[State]]:
         async def call(state: State) -> State:
             task = "What was the 2023 revenue growth? " + " ".join(state["notes"])
             messages = [{"role": "system", "content": SYSTEM[agent]},
                         {"role": "user", "content": task}]  # fmt: skip
+            t0 = await pacer.slot() if pacer else time.perf_counter()
             tally.sent += 1
-            t0 = time.perf_counter()
             reply = await stream_chat(client, model, messages, MAX_TOKENS)
             tally.latency_ms.append((time.perf_counter() - t0) * 1e3)
             tally.failed += reply.content is None
@@ -145,12 +167,12 @@ def client_for(base_url: str, workflows: int) -> openai.AsyncOpenAI:
 
 async def drive(
     base_url: str, model: str, workflows: int, seconds: float, label: str,
-    calls: int | None = None, engine_pid: int | None = None,
+    calls: int | None = None, engine_pid: int | None = None, rate: float | None = None,
 ) -> Tally:  # fmt: skip
     """`workflows` graphs at once, each invoked again and again until `seconds` are up (or, with
-    `calls`, until that many calls were started)."""
+    `calls`, until that many calls were started); `rate`: calls paced to that many a second."""
     tally, client = Tally(), client_for(base_url, workflows)
-    app = graph(client, model, tally)
+    app = graph(client, model, tally, Pacer(rate) if rate else None)
     deadline = time.monotonic() + seconds
 
     def more() -> bool:
@@ -286,6 +308,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, help="closed loop: each load phase sends this many")
     parser.add_argument("--bare-calls", type=int, help="the bare phase's calls (default: --calls)")
     parser.add_argument("--latency-calls", type=int, default=400)
+    parser.add_argument("--rate", type=float,
+                        help="calls offered a second in all, paced (open loop; default: none, "
+                             "each workflow's next call right after its last)")  # fmt: skip
     parser.add_argument("--tokenize", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--runs-dir", help="keep the profiled run here (default: a temporary one)")
@@ -312,7 +337,7 @@ def main() -> None:
                 span = f"{bare_calls} calls" if bare_calls else f"{args.bare_seconds:.0f} s"
                 console.print(f"round {r + 1}: bare load: {workflows} workflows, {span}")
                 work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "bare",
-                             bare_calls, engine.pid)  # fmt: skip
+                             bare_calls, engine.pid, args.rate)  # fmt: skip
                 bare = asyncio.run(work)
                 peer = traced_load(args, workflows, url, bare_calls, engine.pid)
                 tok = chat if args.tokenize else None
@@ -338,7 +363,7 @@ def traced_load(args: argparse.Namespace, workflows: int, url: str, calls: int |
         out = Path(tmp) / "spans.jsonl"
         with tracing_peer.traced(out):
             work = drive(url + "/v1", "smollm2", workflows, args.bare_seconds, "traced", calls,
-                         engine_pid)  # fmt: skip
+                         engine_pid, args.rate)  # fmt: skip
             tally = asyncio.run(work)
         return tally, tracing_peer.spans_written(out)
 
@@ -363,7 +388,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
                              on_stage=stage) as run:  # fmt: skip
             t0 = time.monotonic()
             work = drive(run.base_url, run.model, workflows, args.seconds, "kvscope", args.calls,
-                         engine_pid)  # fmt: skip
+                         engine_pid, args.rate)  # fmt: skip
             tally = asyncio.run(work)
             t1 = time.monotonic()
             load = rss.between(t0, t1)
@@ -403,12 +428,15 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         return (what, "", *([""] * 2 * (len(phases) - 2)), value, "")
 
     rates = [t.sent / t.wall_s for t in phases]
+    offered = [row("  offered (--rate)", [args.rate or 0] * len(phases), "{:.0f}", "")]
+    offered = offered if args.rate else []
     full_per_1000 = [1e3 * t.gc_full_n / max(t.sent, 1) for t in phases]
     full_ms = [1e3 * t.gc_full_s / max(t.gc_full_n, 1) for t in phases]
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [
         row("seconds", [t.wall_s for t in phases], "{:.0f}", ""),
         row("requests/s sustained", rates, "{:.0f}", "{1:.0%} of bare"),
+        *offered,
         row("ms of the loop per call (1 / rate)", [1e3 / r for r in rates], "{:.2f}", "{:+.2f}"),
         per_call("loop thread CPU per call (ms)", "loop_cpu_s"),
         per_call("process CPU per call, all threads (ms)", "process_cpu_s"),
@@ -441,7 +469,8 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
     ]  # fmt: skip
     if peer is not None:
         lines.insert(-12, ("spans written by the tracing SDK", "", str(peer[1]), "", "", ""))
-    res = Table(title=f"{workflows} workflows at once, stand-in engine")
+    paced = f", {args.rate:.0f} calls/s offered" if args.rate else ", closed loop"
+    res = Table(title=f"{workflows} workflows at once{paced}, stand-in engine")
     res.add_column("", no_wrap=True)
     names = ["bare client", f"kvscope ({tokens} tokenization)"]
     if peer is not None:

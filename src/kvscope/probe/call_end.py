@@ -1,10 +1,11 @@
 """How an intercepted call ends, whichever way the app's reading of it goes: the one definition
 that kvscope's own call (probe/wire.InFlight) and the lite probe's (probe/raw_call.RawCall) share.
 Standard library only (the lite probe runs where kvscope's dependencies are not installed).
-"""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+Plain methods the interceptor calls from its own `try` blocks (probe/intercept.py), not context
+managers: a call holds no generator while it is in flight (the garbage collector's young
+generations see fewer objects per call under load).
+"""
 
 
 class CallEnd:
@@ -17,34 +18,20 @@ class CallEnd:
     def fail(self, err: BaseException) -> None:
         raise NotImplementedError
 
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        """Around the app's reading of the reply: its end, the app leaving early, or a failure
-        ends the call."""
-        try:
-            yield
-        except GeneratorExit:
+    def read_stopped(self, err: BaseException | None) -> None:
+        """The app's reading of the reply stopped: at its end (`err` None), the app leaving
+        early (GeneratorExit) or by a failure; each ends the call."""
+        if err is None:
+            self.finish()
+        elif isinstance(err, GeneratorExit):
             self.finish(early=True)
-            raise
-        except BaseException as err:
+        else:
             self.fail(err)
-            raise
-        self.finish()
 
-    @contextmanager
-    def sending(self) -> Iterator[None]:
-        """Around sending the request: a failure before the reply (connection, timeout) ends the
-        call."""
-        try:
-            yield
-        except BaseException as err:
-            self.fail(err)
-            raise
+    def send_failed(self, err: BaseException) -> None:
+        """Sending the request raised before the reply (connection, timeout): the call ends."""
+        self.fail(err)
 
-    @contextmanager
-    def closing(self) -> Iterator[None]:
-        """Around closing the reply: closed before its end, the call ends there."""
-        try:
-            yield
-        finally:
-            self.finish(early=True)
+    def closed(self) -> None:
+        """The reply was closed: closed before its end, the call ends there."""
+        self.finish(early=True)

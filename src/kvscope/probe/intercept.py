@@ -58,9 +58,9 @@ class Call(Protocol):
     def feed(self, chunk: bytes, now: float) -> bytes: ...  # reply bytes -> what the app gets
     def flush(self, now: float) -> bytes: ...
     def finish(self) -> None: ...
-    def reading(self) -> Any: ...  # context managers: around reading, sending, closing
-    def sending(self) -> Any: ...
-    def closing(self) -> Any: ...
+    def read_stopped(self, err: BaseException | None) -> None: ...  # probe/call_end.CallEnd
+    def send_failed(self, err: BaseException) -> None: ...
+    def closed(self) -> None: ...
 
 
 # body, identity, is-a-Responses-call -> the Call
@@ -217,8 +217,11 @@ def _sync_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
         call = _claim(request)
         if call is None:
             return original(self, request, stream=stream, **kw)
-        with call.sending():
+        try:
             response = original(self, _rebuilt(lib, request, call), stream=True, **kw)
+        except BaseException as err:
+            call.send_failed(err)
+            raise
         _observe(lib, response, call)
         if not stream:
             try:
@@ -237,8 +240,11 @@ def _async_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
         call = _claim(request)
         if call is None:
             return await original(self, request, stream=stream, **kw)
-        with call.sending():
+        try:
             response = await original(self, _rebuilt(lib, request, call), stream=True, **kw)
+        except BaseException as err:
+            call.send_failed(err)
+            raise
         _observe(lib, response, call)
         if not stream:
             try:
@@ -283,24 +289,38 @@ def _stream_class(lib: Any) -> type:
             self.inner, self.call = inner, call
 
         def __iter__(self) -> Iterator[bytes]:
-            with self.call.reading():
+            call = self.call
+            try:
                 for chunk in self.inner:
-                    yield self.call.feed(chunk, time.perf_counter())
-                yield self.call.flush(time.perf_counter())
+                    yield call.feed(chunk, time.perf_counter())
+                yield call.flush(time.perf_counter())
+            except BaseException as err:
+                call.read_stopped(err)
+                raise
+            call.read_stopped(None)
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            with self.call.reading():
+            call = self.call
+            try:
                 async for chunk in self.inner:
-                    yield self.call.feed(chunk, time.perf_counter())
-                yield self.call.flush(time.perf_counter())
+                    yield call.feed(chunk, time.perf_counter())
+                yield call.flush(time.perf_counter())
+            except BaseException as err:
+                call.read_stopped(err)
+                raise
+            call.read_stopped(None)
 
         def close(self) -> None:
-            with self.call.closing():
+            try:
                 self.inner.close()
+            finally:
+                self.call.closed()
 
         async def aclose(self) -> None:
-            with self.call.closing():
+            try:
                 await self.inner.aclose()
+            finally:
+                self.call.closed()
 
     _STREAM_CLASSES[lib] = Observed
     return Observed
