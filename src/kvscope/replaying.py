@@ -19,6 +19,7 @@ import numpy as np
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.plan import Outcome, Plan, make_plan, order_note, run_plan, split_list
+from kvscope.sim.results.summary import UNNAMED_HARM, names_anyone, summarize
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 
 
@@ -85,7 +86,6 @@ def streamed_document(
     in start order (then the trace must be read whole, which sorts them)."""
     from kvscope.sim.inputs.rows import KeyChunks, Rows
     from kvscope.sim.inputs.sources import trace_reads
-    from kvscope.sim.results.summary import summarize
     from kvscope.sim.streamed import CannotStream, stream_lru
 
     read = trace_reads(path, block_size)
@@ -117,12 +117,6 @@ def streamed_document(
         "lru replayed as the trace was read (its requests came in start order): its block keys "
         "were never all in memory; seconds include the reading"
     ]
-    if not named:
-        notes.append(
-            "harmful evictions not attributed (null): no request names an agent or a workflow, "
-            "and keeping every evicted key to attribute them would hold memory in proportion "
-            "to the trace"
-        )
     return _document(source, path, plan, None, Outcome([summary], None, notes))
 
 
@@ -131,6 +125,7 @@ def _document(
 ) -> dict[str, Any]:
     """replay.json's document (report.replay_section describes it)."""
     notes = [*source.notes, *plan.notes, *outcome.notes]
+    notes += [] if names_anyone(source.trace) else [UNNAMED_HARM]
     notes += [f"left out: {n} calls ({why})" for why, n in source.excluded.items()]
     return {
         "source": str(source_path),

@@ -169,13 +169,23 @@ def summarize(
         evictions=int(result.evictions),
         per_agent=_grouped(lab.agent_names, lab.agent_codes, prompt, cached),
         per_transition=_grouped(lab.transition_names, lab.transition_codes, prompt, cached),
-        harm=harm_pairs(trace, result) if result.attributed else None,
+        harm=harm_pairs(trace, result) if result.attributed and names_anyone(trace) else None,
         ttft_saved_ms=saved,
         seconds=float(result.seconds),
         tiers=tiers,
         caching=result.caching,
         in_request=result.in_request,
     )
+
+
+UNNAMED_HARM = "harmful evictions not attributed (null): no request names an agent or a workflow"
+
+
+def names_anyone(trace: Trace) -> bool:
+    """Whether a request names an agent or a workflow: else harm has no one to attribute to (a
+    summary's `harm` is null, UNNAMED_HARM says why), whether the trace was read whole or
+    streamed."""
+    return any(a is not None for a in trace.agents) or any(w is not None for w in trace.workflows)
 
 
 def harm_pairs(trace: Trace, result: SimResult) -> list[dict[str, Any]]:
