@@ -29,7 +29,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
@@ -300,14 +300,17 @@ def _stream_class(lib: Any) -> type:
             call.read_stopped(None)
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            call = self.call
+            call, stream = self.call, self.inner.__aiter__()
             try:
-                async for chunk in self.inner:
+                async for chunk in stream:
                     yield call.feed(chunk, time.perf_counter())
                 yield call.flush(time.perf_counter())
             except BaseException as err:
                 call.read_stopped(err)
                 raise
+            finally:  # as httpx's own streams do: else the loop finalizes it (a self-pipe write)
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
             call.read_stopped(None)
 
         def close(self) -> None:
