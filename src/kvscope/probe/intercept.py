@@ -184,16 +184,23 @@ def _rebuilt(lib: Any, request: Any, call: Call) -> Any:
     call's own after them (where the app has none of that name), kvscope's body. Made from the
     finished headers and body stream, as httpx copies a request (its `stream=` form): not the
     app's request changed (a request sent again is tagged anew), and no defaults derived again
-    (`content=` would: ~3x the CPU on the app's thread)."""
+    (`content=` would: ~3x the CPU on the app's thread). The headers are copied from the app's
+    Headers object (its entries shared, not normalized again)."""
     content = call.content()
-    headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]
-    have = {k.lower() for k, _ in headers}
-    headers += [(k, v) for k, v in call.headers.items() if k.lower().encode() not in have]
-    headers.append((b"Content-Length", str(len(content)).encode()))
-    stream = lib.ByteStream(content)
     rebuilt = lib.Request(
-        request.method, request.url, headers=headers, stream=stream, extensions=request.extensions
+        request.method,
+        request.url,
+        headers=request.headers,
+        stream=lib.ByteStream(content),
+        extensions=request.extensions,
     )
+    headers = rebuilt.headers
+    if "Content-Length" in headers:
+        del headers["Content-Length"]
+    for name, value in call.headers.items():
+        if name not in headers:
+            headers[name] = value
+    headers["Content-Length"] = str(len(content))
     rebuilt.read()  # the body as `content` holds it (a ByteStream: read at once, as httpx does)
     return rebuilt
 

@@ -145,7 +145,10 @@ class InFlight(CallEnd):
         self.sse = False
         self.parse = True
         self.edit: ReplyEdit | None = None  # set when the reply's headers say what it is
-        self.pieces: list[tuple[float, bytes]] = []  # the reply as read (or its events), timed
+        # the reply as read (or its events) and when each piece was read: two lists, no tuple a
+        # piece (a container the garbage collector would track while the call is in flight)
+        self.pieces: list[bytes] = []
+        self.times: list[float] = []
         self.buffer = b""  # an event not ended yet, while the stream is edited
         self.problem: tuple[str, str, str] | None = None  # (status, error_type, message)
         self.done = False
@@ -176,12 +179,14 @@ class InFlight(CallEnd):
         if not self.parse:
             return chunk
         if self.edit is None:
-            self.pieces.append((now, chunk))
+            self.pieces.append(chunk)
+            self.times.append(now)
             return b"" if self.rewrite else chunk  # an edited body goes to the app at its end
         run, self.buffer = whole(self.buffer + chunk)
         if not run:
             return b""
-        self.pieces.append((now, run))  # its events are split where the row is made (`_read`)
+        self.pieces.append(run)  # its events are split where the row is made (`_read`)
+        self.times.append(now)
         return self.edit.kept_run(run)
 
     def flush(self, now: float) -> bytes:
@@ -192,12 +197,13 @@ class InFlight(CallEnd):
         if self.edit is None:
             if self.sse or not self.rewrite:
                 return b""
-            body = b"".join(piece for _, piece in self.pieces)
+            body = b"".join(self.pieces)
             return self.engine.without_prompt_ids(body, None) or b""
         tail, self.buffer = self.buffer, b""
         if not tail.strip():
             return b""
-        self.pieces.append((now, tail))
+        self.pieces.append(tail)
+        self.times.append(now)
         return self.edit.kept(tail)
 
     def _read(self) -> bytes:
@@ -205,9 +211,9 @@ class InFlight(CallEnd):
         the engine gave them, the prompt's ids): done once, where the call's row is made. Returns
         the body of a reply that is not a stream (parsed by `_reply_problem`)."""
         if not self.sse:
-            return b"".join(piece for _, piece in self.pieces)
+            return b"".join(self.pieces)
         rest, now = b"", 0.0
-        for now, piece in self.pieces:
+        for now, piece in zip(self.times, self.pieces, strict=True):
             done, rest = events(rest + piece)
             for event in done:
                 self._event(event, now)
