@@ -57,6 +57,8 @@ from kvscope.probe import autogen, crewai, labels, openai_agents, run_tracker
 from kvscope.probe.langchain_context import current_config
 from kvscope.probe.place import FrameworkPlace
 
+_NONE: Mapping[str, Any] = MappingProxyType({})  # shared: no two containers a call to track
+
 
 @dataclass(frozen=True)
 class CallIdentity:
@@ -70,8 +72,8 @@ class CallIdentity:
     turn_id: int | None = None
     previous_agent_id: str | None = None
     tool_ms: float | None = None
-    annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    hints: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # fixed_messages
+    annotations: Mapping[str, Any] = field(default_factory=lambda: _NONE)
+    hints: Mapping[str, Any] = field(default_factory=lambda: _NONE)  # fixed_messages
 
 
 _GIVEN: ContextVar["CallIdentity | None"] = ContextVar("kvscope_given_identity", default=None)
@@ -118,8 +120,8 @@ def identify() -> CallIdentity:
         agent_id=agent_id,
         graph_node="/".join(path) or None,
         thread_id=None if thread is None else str(thread),
-        annotations=MappingProxyType(columns),
-        hints=MappingProxyType(hints),
+        annotations=MappingProxyType(columns) if columns else _NONE,
+        hints=MappingProxyType(hints) if hints else _NONE,
     )
     if not path and (sdk := framework_place()) is not None:  # another framework's agent
         return CallIdentity(
