@@ -21,10 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
 
-from kvscope.analysis.run import analyze_run
 from kvscope.capture import CaptureSession, Hooks
 from kvscope.config import ExperimentConfig
-from kvscope.finalize import finalize
 from kvscope.publish import RunOutcome, WorkloadOutcome, publish
 from kvscope.records.run_dir import RunDir
 from kvscope.records.status import RunStatus, write_status
@@ -68,6 +66,11 @@ class Pipeline:
 
     def _conclude(self, failure: BaseException | None) -> None:
         """The closed session's run directory -> tables, status, analysis, report, MLflow."""
+        # loaded now, not with the pipeline: a profiled app's process holds none of it (duckdb
+        # and ~60 modules, ~7k objects its garbage collector would walk) while it runs
+        from kvscope.analysis.run import analyze_run
+        from kvscope.finalize import finalize
+
         session, on_stage = self.session, self.hooks.on_stage
         on_stage("writing the request table")
         job = self._trace_job()  # the traces: its imports beside finalize, then the writing

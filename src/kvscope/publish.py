@@ -3,14 +3,14 @@
 Everything here renders the one RunAnalysis; nothing is computed a second time.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kvscope.analysis.agents import AgentSummary
-from kvscope.analysis.run import RunAnalysis
 from kvscope.probe.mlflow_store import TraceAudit, unreachable
 from kvscope.records import run_dir as files
 from kvscope.trace_job import TraceJob
@@ -18,6 +18,8 @@ from kvscope.trace_job import TraceJob
 if TYPE_CHECKING:  # MLflow and matplotlib load where they are used: a profiled app's process
     import pyarrow as pa
 
+    from kvscope.analysis.agents import AgentSummary  # and the analysis (duckdb) when it runs
+    from kvscope.analysis.run import RunAnalysis
     from kvscope.probe.tracing import TrackingRun  # imports this module before its calls
     from kvscope.traces import TraceWrite
 
@@ -39,7 +41,7 @@ class WorkloadOutcome:
     planned: int | None = None  # workflows the configuration asked for
 
     @classmethod
-    def of(cls, results: Sequence[_Workflow], planned: int | None = None) -> "WorkloadOutcome":
+    def of(cls, results: Sequence[_Workflow], planned: int | None = None) -> WorkloadOutcome:
         return cls(
             len(results),
             sum(not r.ok for r in results),
@@ -103,7 +105,7 @@ def write_files(analysis: RunAnalysis, on_stage: Callable[[str], None] = lambda 
 
 def publish(
     analysis: RunAnalysis,
-    tracking: "TrackingRun | None",
+    tracking: TrackingRun | None,
     workload: WorkloadOutcome,
     *,
     failure: BaseException | None = None,
@@ -159,7 +161,7 @@ def run_error(analysis: RunAnalysis, failure: BaseException | None) -> str | Non
 
 def log_run(
     analysis: RunAnalysis,
-    tracking: "TrackingRun",
+    tracking: TrackingRun,
     workload: WorkloadOutcome,
     *,
     traces: bool,
@@ -186,7 +188,7 @@ def log_run(
     return tracking.finish(expected, status="FINISHED" if error is None else "FAILED")
 
 
-def mlflow_record(run_dir: Path, tracking: "TrackingRun | None", problem: str | None) -> None:
+def mlflow_record(run_dir: Path, tracking: TrackingRun | None, problem: str | None) -> None:
     """run.json's `mlflow`: logged or not (and why), where."""
     run = files.read_run_json(run_dir)
     run["mlflow"] = {
@@ -199,15 +201,15 @@ def mlflow_record(run_dir: Path, tracking: "TrackingRun | None", problem: str | 
 
 
 def write_run_traces(
-    analysis: RunAnalysis, tracking: "TrackingRun", job: TraceJob | None = None
-) -> "TraceWrite":
+    analysis: RunAnalysis, tracking: TrackingRun, job: TraceJob | None = None
+) -> TraceWrite:
     """The run's MLflow traces from its finalized table and streams (kvscope/traces.py): `job`
     shares them with this process (trace_job.py), else all are written here."""
     from kvscope.traces import Streams, write_traces
 
     streams: list[Streams] = []  # read once, where this process writes any
 
-    def write(rows: "pa.Table", planned: Callable[[int], None]) -> "TraceWrite":
+    def write(rows: pa.Table, planned: Callable[[int], None]) -> TraceWrite:
         streams[:] = streams or [Streams.load(analysis.run_dir)]
         return write_traces(analysis.run_dir, rows, client=tracking.client,
                             experiment_id=tracking.experiment_id, run_id=tracking.run_id or "",
