@@ -29,7 +29,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
@@ -296,14 +296,17 @@ def _stream_class(lib: Any) -> type:
             self.inner, self.call = inner, call
 
         def __iter__(self) -> Iterator[bytes]:
-            call = self.call
+            call, stream = self.call, iter(self.inner)
             try:
-                for chunk in self.inner:
+                for chunk in stream:
                     yield call.feed(chunk, time.perf_counter())
                 yield call.flush(time.perf_counter())
             except BaseException as err:
                 call.read_stopped(err)
                 raise
+            finally:  # as httpx's own streams do (the async one: see below)
+                if isinstance(stream, Generator):
+                    stream.close()
             call.read_stopped(None)
 
         async def __aiter__(self) -> AsyncIterator[bytes]:

@@ -143,6 +143,35 @@ def test_async_sdk_calls(rows: Rows, stream: bool) -> None:
     assert (r.ttft_ms is not None) is stream
 
 
+def test_a_streamed_async_call_leaves_the_loop_no_stream_to_finalize(
+    rows: Rows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OpenAI SDK stops reading at [DONE] and closes the response: the intercepted reply
+    closes the stream it reads (as httpx's streams do), so the event loop finalizes no more
+    async generators a call than without kvscope (each one a self-pipe write and a loop turn)."""
+    finalized: list[str] = []
+    hook = asyncio.BaseEventLoop._asyncgen_finalizer_hook
+
+    def counted(loop: Any, agen: Any) -> None:
+        finalized.append(agen.__qualname__)
+        hook(loop, agen)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "_asyncgen_finalizer_hook", counted)
+
+    async def go(n: int) -> None:
+        client = sdk(Stub(), asynchronous=True)
+        for _ in range(n):
+            reply = await client.chat.completions.create(model="smollm2", messages=HI, stream=True)
+            assert "".join([c.choices[0].delta.content or "" async for c in reply]) == CONTENT
+
+    asyncio.run(go(5))
+    plain, finalized[:] = list(finalized), []
+    with intercepting(rows):
+        asyncio.run(go(5))
+    assert len(rows) == 5 and {r.status for r in rows} == {"ok"}
+    assert sorted(finalized) == sorted(plain)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_endpoint(rows: Rows, stream: bool) -> None:
     stub = Stub()
