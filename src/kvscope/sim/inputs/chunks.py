@@ -102,26 +102,25 @@ def _ids(texts: list[bytes], dtype: type) -> tuple[np.ndarray, np.ndarray] | Non
     if any(t.translate(None, _PLAIN) for t in texts):
         return None
     info = np.iinfo(dtype)
-    if all(t.strip() for t in texts):
-        end = -1 if info.min < 0 else info.max
+    end = -1 if info.min < 0 else info.max
+    marked = all(t.strip() for t in texts)
+    if marked:
         mark = b"," + str(end).encode()
         joined = (mark + b",").join(texts) + mark
-        try:
-            ids = np.fromstring(joined, dtype=dtype, sep=",")
-        except ValueError:  # numpy >= 2.3 raises where older ones stop early
-            return None
+    else:
+        joined = b",".join([t for t in texts if t.strip()])
+        joined += b",0" if joined else b""  # an end: a list that stops the parse falls short
+    try:
+        ids = np.fromstring(joined, dtype=dtype, sep=",") if joined else np.zeros(0, dtype)
+    except ValueError:  # numpy >= 2.3 raises where older ones stop early
+        return None
+    if marked:
         ends = np.flatnonzero(ids == end)
-        if len(ends) != len(texts) or ends[-1] != len(ids) - 1:
+        if len(ends) != len(texts) or (len(ends) and ends[-1] != len(ids) - 1):
             return None
         counts = np.diff(ends, prepend=-1) - 1
         ids = ids[ids != end]
     else:
-        joined = b",".join([t for t in texts if t.strip()])
-        joined += b",0" if joined else b""  # an end: a list that stops the parse falls short
-        try:
-            ids = np.fromstring(joined, dtype=dtype, sep=",") if joined else np.zeros(0, dtype)
-        except ValueError:
-            return None
         counts = np.array([t.count(b",") + 1 if t.strip() else 0 for t in texts], np.int64)
         if len(ids) != (int(counts.sum()) + 1 if joined else 0):
             return None
