@@ -9,8 +9,9 @@ generations see fewer objects per call under load).
 
 
 class CallEnd:
-    """A call that ends once: `finish(early=...)` at its end, `fail(err)` when it raised (both
-    defined by the call; a second end is ignored by the call)."""
+    """A call that ends once: `finish(early=...)` at its end (early: the reply closed before
+    it), `fail(err)` when it raised, sending included (both defined by the call; a second end is
+    ignored by the call)."""
 
     def finish(self, *, early: bool = False) -> None:
         raise NotImplementedError
@@ -27,11 +28,3 @@ class CallEnd:
             self.finish(early=True)
         else:
             self.fail(err)
-
-    def send_failed(self, err: BaseException) -> None:
-        """Sending the request raised before the reply (connection, timeout): the call ends."""
-        self.fail(err)
-
-    def closed(self) -> None:
-        """The reply was closed: closed before its end, the call ends there."""
-        self.finish(early=True)

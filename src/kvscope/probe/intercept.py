@@ -57,10 +57,9 @@ class Call(Protocol):
     def replied(self, status_code: int, headers: Any) -> None: ...
     def feed(self, chunk: bytes, now: float) -> bytes: ...  # reply bytes -> what the app gets
     def flush(self, now: float) -> bytes: ...
-    def finish(self) -> None: ...
-    def read_stopped(self, err: BaseException | None) -> None: ...  # probe/call_end.CallEnd
-    def send_failed(self, err: BaseException) -> None: ...
-    def closed(self) -> None: ...
+    def finish(self, *, early: bool = False) -> None: ...  # probe/call_end.CallEnd: its ends
+    def fail(self, err: BaseException) -> None: ...
+    def read_stopped(self, err: BaseException | None) -> None: ...
 
 
 # body, identity, is-a-Responses-call -> the Call
@@ -227,7 +226,7 @@ def _sync_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             response = original(self, _rebuilt(lib, request, call), stream=True, **kw)
         except BaseException as err:
-            call.send_failed(err)
+            call.fail(err)
             raise
         _observe(lib, response, call)
         if not stream:
@@ -250,7 +249,7 @@ def _async_send(lib: Any, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             response = await original(self, _rebuilt(lib, request, call), stream=True, **kw)
         except BaseException as err:
-            call.send_failed(err)
+            call.fail(err)
             raise
         _observe(lib, response, call)
         if not stream:
@@ -327,13 +326,13 @@ def _stream_class(lib: Any) -> type:
             try:
                 self.inner.close()
             finally:
-                self.call.closed()
+                self.call.finish(early=True)  # closed before its end: it ends here
 
         async def aclose(self) -> None:
             try:
                 await self.inner.aclose()
             finally:
-                self.call.closed()
+                self.call.finish(early=True)  # closed before its end: it ends here
 
     _STREAM_CLASSES[lib] = Observed
     return Observed
