@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from kvscope.records.arrays import flags, numbers
 from kvscope.records.base import ArrowBatches, read_jsonl, record_dict
 
 TOKENS_ARROW = "prompt_tokens.arrow"
@@ -105,9 +106,9 @@ class TokenChunk:
     @classmethod
     def of(cls, uuids: pa.Array, ids: pa.Array) -> "TokenChunk":
         """From a string column and a list<integer> column (no Python int per id)."""
-        lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
-        flat = pc.list_flatten(ids).to_numpy()  # a null list has no values
-        valid = ids.is_valid().to_numpy(zero_copy_only=False)
+        lengths = numbers(pc.list_value_length(ids), fill=0).astype(np.int64)
+        flat = numbers(pc.list_flatten(ids))  # a null list has no values
+        valid = flags(ids.is_valid())
         return cls.of_flat(uuids.to_pylist(), flat, lengths, valid)
 
     @classmethod

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvscope.errors import KvscopeError
+from kvscope.records.arrays import flags, numbers
 from kvscope.records.base import ArrowBatches, joined
 from kvscope.records.formats import MAGIC_FILE, head
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
@@ -88,13 +89,14 @@ def _read(
         kind.value_type
     ):
         raise KvscopeError(f"{path}: column 'token_ids' is {kind}, not a list of integers")
-    _first_bad(path, ids.is_null(), before, "has no token_ids")
+    if ids.null_count:
+        _first_bad(path, flags(ids.is_null()), before, "has no token_ids")
     values = ids.flatten()
-    counts = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = numbers(pc.list_value_length(ids)).astype(np.int64)
     if values.null_count:
-        rows = np.repeat(np.arange(len(ids)), counts)[values.is_null().to_numpy(False)]
+        rows = np.repeat(np.arange(len(ids)), counts)[flags(values.is_null())]
         raise KvscopeError(f"{path}: row {before + int(rows[0]) + 1}: a null token id")
-    flat = values.to_numpy(zero_copy_only=False)
+    flat = numbers(values)
     if flat.dtype.kind == "i" and len(flat) and flat.min() < 0:
         row = int(np.repeat(np.arange(len(ids)), counts)[np.argmax(flat < 0)])
         raise KvscopeError(f"{path}: row {before + row + 1}: a negative token id")
@@ -106,7 +108,7 @@ def _read(
     output = _floats(path, batch, "output_length", integer=True)
     absent = int(np.isnan(output).sum())
     output = np.nan_to_num(output).astype(np.int64)
-    _first_bad(path, pa.array(output < 0), before, "has a negative output_length")
+    _first_bad(path, output < 0, before, "has a negative output_length")
     rid = "request_id" if "request_id" in names else "request_uuid"
     request_ids = (
         [str(v) for v in batch.column(rid).to_pylist()]
@@ -118,11 +120,12 @@ def _read(
     columns = Columns(
         request_ids, start, end, counts, output, labels["agent"], labels["workflow"], given
     )
-    return columns, flat.astype(np.int64, copy=False), counts, absent
+    return columns, flat.astype(np.int64), counts, absent  # a copy: writable
 
 
-def _first_bad(path: Path, mask: pa.Array, before: int, what: str) -> None:
-    bad = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+def _first_bad(path: Path, mask: np.ndarray, before: int, what: str) -> None:
+    """Refuses the first row `mask` holds (numpy, not pyarrow: see records/arrays.py)."""
+    bad = np.flatnonzero(mask)
     if len(bad):
         raise KvscopeError(f"{path}: row {before + int(bad[0]) + 1} {what}")
 
@@ -136,7 +139,7 @@ def _floats(path: Path, batch: pa.RecordBatch, name: str, integer: bool = False)
     if not numeric and not pa.types.is_null(col.type):
         need = "integers" if integer else "numbers"
         raise KvscopeError(f"{path}: column {name!r} is {col.type}, not {need}")
-    return col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return numbers(col.cast(pa.float64()), fill=np.nan)
 
 
 def _labels(path: Path, batch: pa.RecordBatch, name: str) -> list[str | None]:
