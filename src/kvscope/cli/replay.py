@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvscope.cli.common import console, friendly
 from kvscope.cli.report import TRACKING_OPTION, logged
 from kvscope.errors import KvscopeError
+from kvscope.records import formats
 
 if TYPE_CHECKING:
     from kvscope.sim.inputs.sources import Source
@@ -60,6 +61,7 @@ def replay_with_progress(
 
 
 STREAM_FROM_BYTES = 32 << 20  # a trace file this large is replayed as it is read, where it can
+# (a compressed one whatever its size: its text may be many times larger)
 
 
 def streamed(
@@ -67,14 +69,16 @@ def streamed(
     cache_outputs: bool | None, in_request: str | None,
 ) -> dict[str, Any] | None:  # fmt: skip
     """replaying.streamed_document where it applies: LRU at one capacity, on a trace file of
-    STREAM_FROM_BYTES or more (smaller ones replay faster whole, without compiled code) whose
-    requests come in start order; else None (the trace is read whole)."""
+    STREAM_FROM_BYTES or more or a compressed one (smaller ones replay faster whole, without
+    compiled code) whose requests come in start order; else None (the trace is read whole)."""
     if policy is None or [p.strip() for p in policy.split(",")] != ["lru"]:
         return None
     caps = (capacity_tokens or "").split(",")
     if len(caps) != 1 or not caps[0].strip().replace("_", "").isdigit():
         return None
-    if not source.is_file() or source.stat().st_size < STREAM_FROM_BYTES:
+    if not source.is_file():
+        return None
+    if source.stat().st_size < STREAM_FROM_BYTES and not formats.compressed(source):
         return None
     from kvscope.replaying import streamed_document
 

@@ -355,3 +355,23 @@ def test_a_trace_out_of_start_order_beyond_the_window_is_read_whole(
     assert again == whole
     in_order = write_jsonl(rows[:-1], tmp_path / "in_order.jsonl")  # without it: streamed
     assert "as the trace was read" in _lru_at(in_order, tmp_path / "o.json")[0]
+
+
+def test_a_compressed_trace_is_streamed_whatever_its_size_to_the_plain_ones_numbers(
+    run: Path, tmp_path: Path
+) -> None:
+    """Its text may be many times its size: it is replayed as it is read (bounded memory), and
+    gives what the plain file gives read whole."""
+    import gzip
+
+    moon = tmp_path / "m.jsonl"
+    args = ["replay", str(run), "--no-write", "--to-mooncake", str(moon)]
+    assert runner.invoke(app, args).exit_code == 0
+    packed = tmp_path / "m.jsonl.gz"
+    packed.write_bytes(gzip.compress(moon.read_bytes()))
+    plain_out, plain = _lru_at(moon, tmp_path / "plain.json")
+    packed_out, unpacked = _lru_at(packed, tmp_path / "packed.json")
+    assert "as the trace was read" not in plain_out
+    assert "as the trace was read" in packed_out
+    assert plain == unpacked
+    assert plain["evictions"]  # not a replay without evictions

@@ -9,7 +9,7 @@ import pytest
 
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs import chunks
-from kvscope.sim.inputs.sources import load_source
+from kvscope.sim.inputs.sources import Source, load_source
 
 ROWS = [
     {"timestamp": i, "input_length": 4 * len(ids), "output_length": 1, "hash_ids": ids}
@@ -153,3 +153,47 @@ def test_a_token_line_without_a_timestamp_starts_at_its_position_in_the_file(
     source = load_source(path, block_size=2)
     assert source.trace.start_s.tolist() == [i / 1e3 for i in (0, 1, 2, 3, 4.5, 5, 6, 7, 8)]
     assert source.notes == ["9 requests without output_length: replayed with 0"]
+
+
+def _same(a: Source, b: Source) -> None:  # two loaded Sources replay the same requests
+    assert a.kind == b.kind
+    assert a.trace.request_ids == b.trace.request_ids
+    np.testing.assert_array_equal(a.trace.keys, b.trace.keys)
+    np.testing.assert_array_equal(a.trace.offsets, b.trace.offsets)
+    np.testing.assert_array_equal(a.trace.start_s, b.trace.start_s)
+
+
+@pytest.mark.parametrize("module", ["gzip", "bz2", "lzma"])
+@pytest.mark.parametrize("chunk_bytes", [90, 1 << 20])
+def test_a_compressed_trace_reads_as_its_plain_text_does_whatever_its_name(
+    tmp_path: Path, module: str, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    plain = _write(tmp_path / "m.jsonl", ROWS, (",", ":"))
+    packed = tmp_path / "packed.jsonl"  # no .gz: told by its bytes
+    packed.write_bytes(importlib.import_module(module).compress(plain.read_bytes()))
+    _same(load_source(packed, 4), load_source(plain, 4))
+
+
+def test_a_byte_order_mark_before_the_first_line_is_skipped(tmp_path: Path) -> None:
+    plain = _write(tmp_path / "m.jsonl", ROWS, (",", ":"))
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    _same(load_source(marked, 4), load_source(plain, 4))
+
+
+def test_a_torn_or_zstd_compressed_file_is_refused_with_where(tmp_path: Path) -> None:
+    import gzip
+
+    rows = [ROWS[0] | {"timestamp": i} for i in range(3000)]
+    packed = gzip.compress(_write(tmp_path / "m.jsonl", rows, (",", ":")).read_bytes())
+    torn = tmp_path / "torn.jsonl.gz"
+    torn.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(KvscopeError, match=r"torn.jsonl.gz: cannot be read on from line \d+ "):
+        load_source(torn, 4)
+    zstd = tmp_path / "t.jsonl.zst"
+    zstd.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 16)
+    with pytest.raises(KvscopeError, match=r"zstd-compressed.*decompress it first"):
+        load_source(zstd, 4)

@@ -8,7 +8,9 @@ per id. A chunk where that does not hold (another form, a line that is not JSON,
 is not where it seemed) comes with `ids` None and each line parsed whole (sim/inputs/jsonl.py
 `lines`, which refuses what is wrong with the line's number): the readers check such a chunk
 line by line. Columns are taken from a chunk's objects whole (`column`): a type check over
-the set of types, never a value at a time in Python.
+the set of types, never a value at a time in Python. A compressed file (gzip, bzip2, xz) is
+read through its decompressor, a chunk at a time (records/formats.open_bytes); a UTF-8 byte
+order mark before the first line is skipped.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
 
 from kvscope.errors import KvscopeError
+from kvscope.records import formats
 
 CHUNK_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first: skipped
 _PLAIN = b"0123456789, "  # what a list read by np.fromstring may hold
 
 
@@ -62,8 +66,10 @@ def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
 def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
     """(number of the first line, the lines) for about CHUNK_BYTES of whole lines at a time."""
     first, carry = 1, b""
-    with path.open("rb") as f:
-        while data := f.read(CHUNK_BYTES):
+    with _opened(path) as f:
+        while data := _read(f, path, first):
+            if first == 1 and not carry:
+                data = data.removeprefix(BOM)
             lines = data.split(b"\n")  # the last: the start of a line the next read goes on with
             lines[0] = carry + lines[0] if carry else lines[0]
             carry = lines.pop()
@@ -152,12 +158,34 @@ def _whole(path: Path, numbers: Sequence[int], lines: list[bytes], lift: str, dt
     return Chunk(numbers, lines, rows)
 
 
+def _read(f: BinaryIO, path: Path, line: int) -> bytes:
+    """The next CHUNK_BYTES of `f`; a file that cannot be read on (a torn or corrupt compressed
+    file) is a KvscopeError saying from which line."""
+    try:
+        return f.read(CHUNK_BYTES)
+    except formats.READ_ERRORS as err:
+        raise KvscopeError(f"{path}: cannot be read on from line {line} ({err})") from None
+
+
+def _opened(path: Path) -> BinaryIO:
+    """The file's bytes, decompressed where it is compressed (records/formats.open_bytes)."""
+    try:
+        return formats.open_bytes(path)
+    except ValueError as err:
+        raise KvscopeError(f"{path} {err}") from None
+
+
 def lines(path: Path) -> Iterator[tuple[int, dict[str, Any], bytes]]:
     """(line number from 1, object, the line) per non-blank line, each parsed whole."""
-    with path.open("rb", buffering=1 << 20) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                yield n, parse_line(path, n, line), line
+    n = 0
+    with _opened(path) as f:
+        try:
+            for n, line in enumerate(f, 1):
+                line = line.removeprefix(BOM) if n == 1 else line
+                if line.strip():
+                    yield n, parse_line(path, n, line), line
+        except formats.READ_ERRORS as err:
+            raise KvscopeError(f"{path}: cannot be read on from line {n + 1} ({err})") from None
 
 
 def parse_line(

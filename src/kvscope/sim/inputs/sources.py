@@ -20,9 +20,11 @@ replay needs to say about it):
   columns as Arrow (an IPC stream such as kvscope's prompt_tokens.arrow, or an IPC file),
   read without parsing text (sim/inputs/arrow_tokens.py).
 
-Both JSONL formats also accept kvscope's extensions `end_timestamp` (ms: when the request
-ended; absent: at its start), `previous_agent` (absent: the agent of the workflow's previous
-request) and, on Mooncake lines, `request_id`, `agent`, `workflow`.
+A JSONL trace may be gzip-, bzip2- or xz-compressed (told by its first bytes, whatever its name)
+and may begin with a UTF-8 byte order mark. Both JSONL formats also accept kvscope's extensions
+`end_timestamp` (ms: when the request ended; absent: at its start), `previous_agent` (absent:
+the agent of the workflow's previous request) and, on Mooncake lines, `request_id`, `agent`,
+`workflow`.
 A bad line is a KvscopeError naming the file, the line number and the field (what is refused:
 sim/inputs/jsonl.py).
 """
