@@ -2,7 +2,8 @@
 simulator under other eviction policies and capacities, and say what each would have cached.
 
 SOURCE is a kvscope run directory (Level 3 prompt token ids needed), a Mooncake trace or a
-token-id trace (JSONL; see kvscope.sim.inputs.sources). Printed: per policy x capacity the
+token-id trace (JSONL, plain or compressed; token ids also as Arrow or Parquet; see
+kvscope.sim.inputs.sources). Printed: per policy x capacity the
 token-weighted hit ratio overall, per agent and per transition, recompute tokens, harmful
 evictions (evictor agent -> victim agent) and the TTFT the policy would save (from the run's
 fitted prefill cost per token; null when none could be fitted); on a run directory also the
@@ -89,7 +90,11 @@ def streamed(
 @friendly
 def replay(
     source: Annotated[
-        Path, typer.Argument(help="A run directory, a Mooncake trace or a token-id trace.")
+        Path,
+        typer.Argument(
+            help="A run directory, a Mooncake trace or a token-id trace (JSONL, .gz/.bz2/.xz, "
+            "Arrow or Parquet)."
+        ),
     ],
     policy: Annotated[
         str | None,

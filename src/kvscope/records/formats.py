@@ -1,7 +1,8 @@
 """What a stream or trace file is, from its first bytes, without loading a reader for it:
 standard library only, so that a process replaying a JSONL trace never imports pyarrow (~0.1 s
 of CPU and ~28 MB it does not need). Arrow IPC files begin with MAGIC_FILE; an IPC stream (as
-kvscope writes its streams) with its first message's continuation marker. A compressed file
+kvscope writes its streams) with its first message's continuation marker, Parquet with its
+own. A compressed file
 (gzip, bzip2, xz: how public traces are often shipped) is told by its own magic and read through
 the standard library's decompressor (`open_bytes`); zstd, which Python 3.11's library cannot
 read, is refused by name.
@@ -19,6 +20,7 @@ ZSTD = b"\x28\xb5\x2f\xfd"
 READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)  # a torn or corrupt compressed file
 
 MAGIC_FILE = b"ARROW1"
+MAGIC_PARQUET = b"PAR1"
 MAGIC_STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message's continuation marker
 
 
@@ -33,9 +35,10 @@ def is_arrow_stream(path: Path) -> bool:
 
 
 def is_arrow(path: Path) -> bool:
-    """An Arrow IPC file or stream (sim/inputs/arrow_tokens.py reads it as a token-id trace)."""
+    """An Arrow IPC file or stream, or a Parquet file: columns pyarrow reads
+    (sim/inputs/arrow_tokens.py reads them as a token-id trace)."""
     first = head(path)
-    return first.startswith(MAGIC_FILE) or first.startswith(MAGIC_STREAM)
+    return any(first.startswith(m) for m in (MAGIC_FILE, MAGIC_STREAM, MAGIC_PARQUET))
 
 
 def compressed(path: Path) -> bool:

@@ -58,6 +58,14 @@ def _file(path: Path, table: pa.Table) -> Path:
     return path
 
 
+def _parquet(path: Path, table: pa.Table) -> Path:
+    import pyarrow.parquet as pq
+
+    text = pa.array(["a dataset's own column, not read"] * table.num_rows)
+    pq.write_table(table.append_column("text", text), path, row_group_size=2)
+    return path
+
+
 def assert_same(a: Trace, b: Trace) -> None:
     for name in FIELDS:
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
@@ -74,6 +82,7 @@ def test_arrow_stream_and_file_replay_as_the_jsonl_trace(
     for path in (
         _stream(tmp_path / "t.arrow", _table(ROWS)),
         _file(tmp_path / "f.arrow", _table(ROWS)),
+        _parquet(tmp_path / "p.data", _table(ROWS)),  # told by its bytes, not its name
     ):
         binary = load_source(path, block_size=2)
         assert binary.kind == "tokens" and binary.notes == text.notes
@@ -107,7 +116,7 @@ def test_a_torn_stream_is_read_to_its_last_whole_batch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
-        ({"request_id": ["a"], "token_ids": [[1.5]]}, "'token_ids' is list<item: double>, not"),
+        ({"request_id": ["a"], "token_ids": [[1.5]]}, "double>, not a list of integers"),
         ({"request_id": ["a"], "tokens": [[1]]}, "no token_ids column"),
         ({"token_ids": [[1], None]}, "row 2 has no token_ids"),
         ({"token_ids": [[1], [2, None]]}, "row 2: a null token id"),
@@ -118,11 +127,17 @@ def test_a_torn_stream_is_read_to_its_last_whole_batch(tmp_path: Path) -> None:
         ({"token_ids": [[1]], "agent": [3]}, "column 'agent' is int64, not strings"),
     ],
 )
+@pytest.mark.parametrize("parquet", [False, True])
 def test_bad_columns_and_rows_are_refused_naming_the_row(
-    tmp_path: Path, columns: dict[str, list[Any]], message: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    columns: dict[str, list[Any]],
+    message: str,
+    parquet: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(arrow_tokens, "GROUP_BYTES", 1)  # a row per group: rows still count on
-    path = _stream(tmp_path / "t.arrow", pa.table(columns))
+    table = pa.table(columns)
+    path = _parquet(tmp_path / "t.parquet", table) if parquet else _stream(tmp_path / "t", table)
     with pytest.raises(KvscopeError) as err:
         load_source(path, block_size=2)
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
@@ -132,3 +147,10 @@ def test_an_arrow_trace_needs_a_block_size(tmp_path: Path) -> None:
     path = _file(tmp_path / "t.arrow", _table(ROWS))
     with pytest.raises(KvscopeError, match="Arrow token-id trace: say its block size"):
         load_source(path)
+
+
+def test_a_torn_parquet_file_is_refused(tmp_path: Path) -> None:
+    path = _parquet(tmp_path / "t.parquet", _table(ROWS))
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(KvscopeError, match="not a readable Parquet file"):
+        load_source(path, block_size=2)

@@ -1,5 +1,6 @@
 """A token-id trace as Arrow (an IPC stream, as kvscope writes prompt_tokens.arrow, or an IPC
-file), read by pyarrow a group of record batches at a time: no text to parse.
+file) or Parquet (as datasets are often shipped), read by pyarrow a group of record batches at a
+time: no text to parse.
 
 Columns, by name: `token_ids` (a list of integers; required), `request_id` (string or integer;
 `request_uuid`, the name kvscope's own stream uses, is read the same; absent: the row's number),
@@ -26,12 +27,15 @@ import pyarrow.compute as pc
 from kvscope.errors import KvscopeError
 from kvscope.records.arrays import flags, numbers
 from kvscope.records.base import ArrowBatches, joined
-from kvscope.records.formats import MAGIC_FILE, head
+from kvscope.records.formats import MAGIC_FILE, MAGIC_PARQUET, head
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
 from kvscope.sim.trace import Trace
 
 GROUP_BYTES = 8 << 20  # record batches joined up to about this many bytes before reading them
 PART_BYTES = 2 << 20  # then read in slices of about this many
+PARQUET_ROWS = 1024  # rows a Parquet batch is read in
+COLUMNS = ("token_ids", "request_id", "request_uuid", "timestamp", "end_timestamp",
+           "output_length", "agent", "workflow", "previous_agent")  # fmt: skip  # what is read
 
 
 def read_arrow_tokens(path: Path, block_size: int) -> tuple[Trace, list[str]]:
@@ -44,8 +48,10 @@ def arrow_reads(path: Path, block_size: int, notes: list[str]) -> Iterator[Read]
     """Its requests a group of batches at a time, in file order, prompts hashed into block
     keys; once read to the end, `notes` has what to say about it."""
     hasher, count, missing = Hasher(block_size), 0, 0
-    batches = None if head(path).startswith(MAGIC_FILE) else ArrowBatches(path)
-    for group in joined(batches if batches is not None else _file_batches(path), GROUP_BYTES):
+    first = head(path)
+    batches = None if first.startswith((MAGIC_FILE, MAGIC_PARQUET)) else ArrowBatches(path)
+    read = _parquet_batches if first.startswith(MAGIC_PARQUET) else _file_batches
+    for group in joined(batches if batches is not None else read(path), GROUP_BYTES):
         for part in _parts(group):
             columns, flat, counts, absent = _read(path, part, count)
             missing += absent
@@ -64,6 +70,21 @@ def _parts(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
     step = max(-(-batch.num_rows // max(k, 1)), 1)
     for lo in range(0, batch.num_rows, step):
         yield batch.slice(lo, step)
+
+
+def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """A Parquet file's rows, a batch at a time (pyarrow.parquet; only where the trace is one)."""
+    import pyarrow.parquet as pq
+
+    try:
+        reader = pq.ParquetFile(path, pre_buffer=False)  # pre-buffered: ~2.7x the memory
+    except (OSError, pa.ArrowInvalid) as err:
+        raise KvscopeError(f"{path}: not a readable Parquet file ({err})") from None
+    names = [n for n in reader.schema_arrow.names if n in COLUMNS]  # not a dataset's text
+    try:
+        yield from reader.iter_batches(batch_size=PARQUET_ROWS, columns=names)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise KvscopeError(f"{path}: Parquet data cannot be read on ({err})") from None
 
 
 def _file_batches(path: Path) -> Iterator[pa.RecordBatch]:

@@ -17,8 +17,8 @@ replay needs to say about it):
   full blocks become keys (a partial last block is never cached).
 - a token-id trace (JSONL): `request_id`, `token_ids`, optional `timestamp` (ms; absent: the
   line's position), `agent`, `workflow`, `output_length` (absent: 0, and said so); or the same
-  columns as Arrow (an IPC stream such as kvscope's prompt_tokens.arrow, or an IPC file),
-  read without parsing text (sim/inputs/arrow_tokens.py).
+  columns as Arrow (an IPC stream such as kvscope's prompt_tokens.arrow, or an IPC file) or
+  Parquet, read without parsing text (sim/inputs/arrow_tokens.py).
 
 A JSONL trace may be gzip-, bzip2- or xz-compressed (told by its first bytes, whatever its name)
 and may begin with a UTF-8 byte order mark. Both JSONL formats also accept kvscope's extensions
