@@ -216,7 +216,7 @@ class CaptureSession:
         self._write_run_json(target, env, cache_reset=self._cold_start(target), params=params)
         self._measuring = True
         self.mlflow.open(params)
-        chat = _chat_tokenizer(self.engine)
+        chat = _chat_tokenizer(self.engine, self.wire)
         self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         ids = chat is not None or self.wire.gives_prompt_ids()
         self._streams = CallStreams(run_dir, tokens=ids, payloads=cfg.tracking.traces)
@@ -393,7 +393,8 @@ def _runtime_facts(
     return ENGINES[caps.family].runtime_facts(families)
 
 
-def _chat_tokenizer(engine: Engine) -> ChatTokenizer | None:
-    """The model's own tokenizer and chat template, where kvscope can read the model folder."""
-    path = engine.model_facts().get("path")
-    return ChatTokenizer.from_model_dir(Path(path)) if path and Path(path).is_dir() else None
+def _chat_tokenizer(engine: Engine, wire: Engine) -> ChatTokenizer | None:
+    """The model's tokenizer and chat template where readable, rendering as `wire` serves chats."""
+    path, as_user = engine.model_facts().get("path"), wire.chat_trailing_assistant_as_user
+    folder = Path(path) if path else None  # from_model_dir: None where it holds no tokenizer
+    return folder and ChatTokenizer.from_model_dir(folder, trailing_assistant_as_user=as_user)

@@ -203,6 +203,10 @@ class Engine(ABC):
         sends it when prompt_ids_fields were not asked for; None for an event only they bring."""
         return data
 
+    # whether the engine's chat path serves a conversation that ends with an assistant message
+    # as if that message were the user's (probe/tokens.ChatTokenizer.as_served renders it so)
+    chat_trailing_assistant_as_user: ClassVar[bool] = False
+
     # whether `without_prompt_ids(run, None)` edits a run of several whole SSE events exactly as
     # it edits each alone (an edit of every occurrence, byte for byte): the reply is then edited
     # a network read at a time, not an event at a time (probe/reply_edit.py)

@@ -263,6 +263,9 @@ class SglangEngine(Engine):
         return sglang_ids.prompt_ids(reply)
 
     prompt_ids_edit_runs = sglang_ids.EDITS_RUNS
+    # SGLang 0.5.23's serving_chat._handle_last_assistant_message: a last assistant message with
+    # string content becomes a user message unless the call asks to continue_final_message
+    chat_trailing_assistant_as_user = True
 
     @classmethod
     def without_prompt_ids(cls, data: bytes, chunk: Mapping[str, Any] | None) -> bytes | None:

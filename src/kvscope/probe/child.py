@@ -167,7 +167,12 @@ def attach(spec_path: str) -> None:
     run_dir = Path(spec.run_dir)
     engine = make_engine(EngineConfig.model_validate(spec.engine))
     model_dir = Path(spec.model_dir) if spec.model_dir else None
-    chat = ChatTokenizer.from_model_dir(model_dir) if model_dir and model_dir.is_dir() else None
+    trailing = engine.chat_trailing_assistant_as_user
+    chat = (
+        ChatTokenizer.from_model_dir(model_dir, trailing_assistant_as_user=trailing)
+        if model_dir and model_dir.is_dir()
+        else None
+    )
     ids = chat is not None or engine.gives_prompt_ids()
     streams = CallStreams(run_dir, tokens=ids, payloads=spec.traces, part=mark(run_dir))
     ctx = streams.context(spec.run, chat, spec.store_prompts, spec.eviction_hints)

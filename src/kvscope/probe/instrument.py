@@ -154,6 +154,8 @@ class PromptInstrument:
         engine_ids: Sequence[int] | None,
     ) -> _Prompt | None:
         msgs = template_messages(messages)
+        if msgs is not None and self.tokens is not None:
+            msgs = self.tokens.as_served(msgs, body)
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         text = None
         if msgs is not None and self.tokens is not None:

@@ -89,7 +89,9 @@ class CallStreams:
         """The CallContext whose rows, token ids and payloads go to these streams; `hints`: the
         eviction hint policy that sets each call's engine priority (probe/hints.py)."""
         if chat is not None and chat.model_dir is not None and self.has_tokens:
-            self.tokenizer_process = TokenizerProcess(chat.model_dir, self.run_dir, store_prompts)
+            self.tokenizer_process = TokenizerProcess(
+                chat.model_dir, self.run_dir, store_prompts, chat.trailing_assistant_as_user
+            )
         return CallContext(
             **run.to_dict(),
             sink=self.row,

@@ -1,6 +1,6 @@
 """Prompt tokenization in a process of its own: the app's process only hands each prompt over.
 
-    proc = TokenizerProcess(model_dir, run_dir, store_prompts)
+    proc = TokenizerProcess(model_dir, run_dir, store_prompts, trailing_as_user)
     proc.send(request_uuid, body, fixed_messages, prompt_tokens)   # False: not sent (dead)
     proc.close()              # end of input; waits until the process wrote all it was sent
 
@@ -40,8 +40,11 @@ _CAPTURE_ENV = "KVSCOPE_CAPTURE"  # probe/child.CAPTURE_ENV (child imports strea
 
 
 class TokenizerProcess:
-    def __init__(self, model_dir: Path, run_dir: Path, store_prompts: bool) -> None:
+    def __init__(
+        self, model_dir: Path, run_dir: Path, store_prompts: bool, trailing_as_user: bool = False
+    ) -> None:
         self.model_dir, self.run_dir, self.store_prompts = model_dir, run_dir, store_prompts
+        self.trailing_as_user = trailing_as_user  # ChatTokenizer.trailing_assistant_as_user
         self.sent = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._dead = False
@@ -76,7 +79,8 @@ class TokenizerProcess:
         if self._proc is None:
             env = {k: v for k, v in os.environ.items() if k != _CAPTURE_ENV}  # no probe there
             argv = [sys.executable, "-m", SERVE, str(self.model_dir), str(self.run_dir),
-                    "1" if self.store_prompts else "0"]  # fmt: skip
+                    "1" if self.store_prompts else "0",
+                    "1" if self.trailing_as_user else "0"]  # fmt: skip
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env)
             assert self._proc.stdin is not None
             # a larger pipe where Linux allows: else the thread waits sooner, nothing else changes

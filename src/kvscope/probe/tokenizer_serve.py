@@ -1,7 +1,8 @@
 """The tokenizer process's side (probe/tokenizer_process.py starts it): calls in on stdin, their
 prompt columns and token ids out to part files of this process's pid.
 
-    python -m kvscope.probe.tokenizer_serve MODEL_DIR RUN_DIR STORE_PROMPTS   # 1 or 0
+    python -m kvscope.probe.tokenizer_serve MODEL_DIR RUN_DIR STORE_PROMPTS TRAILING_AS_USER
+(the last two: 1 or 0; the fourth is ChatTokenizer.trailing_assistant_as_user, the engine's)
 
 Each call is a msgpack array [request_uuid, fixed_messages, prompt_tokens, body]; its columns are
 probe/instrument.PromptInstrument's, as the app's own process would make them. The loop ends at
@@ -28,10 +29,16 @@ from kvscope.records.tokens import TOKENS_ARROW, TOKENS_SCHEMA, PromptTokenIds
 log = logging.getLogger(__name__)
 
 
-def serve(model_dir: Path, run_dir: Path, store_prompts: bool, stdin: IO[bytes]) -> int:
+def serve(
+    model_dir: Path,
+    run_dir: Path,
+    store_prompts: bool,
+    stdin: IO[bytes],
+    trailing_as_user: bool = False,
+) -> int:
     """The process's loop: each call read from `stdin` -> its PromptColumns and token ids in
     this pid's part files; how many calls it read."""
-    chat = ChatTokenizer.from_model_dir(model_dir)
+    chat = ChatTokenizer.from_model_dir(model_dir, trailing_assistant_as_user=trailing_as_user)
     part = f".{os.getpid()}"
     tokens = ArrowWriter(run_dir / (TOKENS_ARROW + part), TOKENS_SCHEMA, PromptTokenIds.to_batch)
     columns: JsonlWriter[PromptColumns] = JsonlWriter(run_dir / (PROMPT_COLUMNS_JSONL + part))
@@ -66,5 +73,5 @@ if __name__ == "__main__":
     # Ctrl-C reaches the app's whole process group: this process ends at the end of its input
     # instead (the app's process closing the pipe, or exiting), what it was sent written.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    model, run, store = sys.argv[1:4]
-    serve(Path(model), Path(run), store == "1", sys.stdin.buffer)
+    model, run, store, trailing = sys.argv[1:5]
+    serve(Path(model), Path(run), store == "1", sys.stdin.buffer, trailing == "1")

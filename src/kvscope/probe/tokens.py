@@ -12,7 +12,8 @@ JSON objects (a string that is not one: {}), a tool message's `tool_call_id` and
 other keys dropped. The request's `tools` reach the template as its `tools` variable (None when
 absent), as HF's apply_chat_template passes them; vLLM passes them with its schema's defaults
 filled in, so a template that prints whole tool objects can render differently there (the count
-check flags that row).
+check flags that row). An engine that serves a conversation ending with an assistant message as
+the user's (SGLang: Engine.chat_trailing_assistant_as_user) is followed (`as_served`).
 """
 
 import hashlib
@@ -71,10 +72,14 @@ class ChatTokenizer:
         self.template = env.from_string(template)
         self.special = special
         self.model_dir: Path | None = None  # the folder it was read from (from_model_dir)
+        self.trailing_assistant_as_user = False  # the engine's (as_served)
 
     @classmethod
-    def from_model_dir(cls, path: Path) -> "ChatTokenizer | None":
-        """The tokenizer and chat template of a Hugging Face model folder; None if incomplete."""
+    def from_model_dir(
+        cls, path: Path, *, trailing_assistant_as_user: bool = False
+    ) -> "ChatTokenizer | None":
+        """The tokenizer and chat template of a Hugging Face model folder; None if incomplete.
+        `trailing_assistant_as_user`: the engine's (Engine.chat_trailing_assistant_as_user)."""
         tok, cfg = path / "tokenizer.json", path / "tokenizer_config.json"
         if not tok.is_file():
             return None
@@ -87,7 +92,25 @@ class ChatTokenizer:
         special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
         chat = cls(Tokenizer.from_file(str(tok)), template, special)
         chat.model_dir = path
+        chat.trailing_assistant_as_user = trailing_assistant_as_user
         return chat
+
+    def as_served(
+        self, messages: list[dict[str, Any]], body: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The (template_messages-normalized) messages as the engine renders them: where it
+        serves a trailing assistant message with text content as the user's
+        (`trailing_assistant_as_user`) and the call does not ask to continue_final_message,
+        that message's role is "user" (a copy; `messages` are not changed)."""
+        last = messages[-1] if messages else None
+        if (
+            not self.trailing_assistant_as_user
+            or last is None
+            or last["role"] != "assistant"
+            or body.get("continue_final_message")
+        ):
+            return messages
+        return [*messages[:-1], {"role": "user", "content": last["content"]}]
 
     def render(
         self,

@@ -110,3 +110,22 @@ def test_a_forked_child_tokenizes_in_a_process_of_its_own(
     assert sorted(r["request_uuid"] for r in records) == ["child-1", "parent-1", "parent-2"]
     assert {r["tokenized_on"] for r in records} == {"process"}
     assert set(load_tokens(out)) == {"child-1", "parent-1", "parent-2"}
+
+
+def test_the_process_renders_chats_as_the_engine_serves_them(tmp_path: Path) -> None:
+    """A trailing assistant message is the user's where the engine serves it so (SGLang): the
+    process is told, and tokenizes as the engine renders."""
+    from conftest import make_chat
+
+    replied = body(3)
+    written = [*replied["messages"], {"role": "assistant", "content": "w9 w8"}]
+    served = [*replied["messages"], {"role": "user", "content": "w9 w8"}]
+    replied["messages"] = written
+    for trailing, messages in ((False, written), (True, served)):
+        chat = make_chat(tmp_path / str(trailing), trailing_assistant_as_user=trailing)
+        out = run_dir(tmp_path / str(trailing))
+        streams, instrument = capture(out, chat)
+        instrument(replied, "u", {}, None, None, None)
+        streams.close()
+        assert prompt_columns.tokenized_on(out) == {"process": 1}
+        assert load_tokens(out)["u"].tolist() == chat.encode_text(chat.render(messages))

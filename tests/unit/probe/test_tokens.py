@@ -129,3 +129,27 @@ def test_load_tokens_as_int_arrays(tmp_path: Path) -> None:
     path.write_text(json.dumps({"request_uuid": "c", "token_ids": [2**40]}) + "\n")
     assert load_tokens(tmp_path)["c"].tolist() == [2**40]  # too wide for int32: int64
     assert load_tokens(tmp_path / "none") == {}
+
+
+REPLIED = [
+    {"role": "system", "content": "w1 w2"},
+    {"role": "user", "content": "w3"},
+    {"role": "assistant", "content": "w4 w5", "name": "writer"},
+]
+
+
+def test_a_trailing_assistant_message_is_rendered_as_the_engine_serves_it(
+    chat: ChatTokenizer,
+) -> None:
+    """SGLang serves a conversation that ends with an assistant message as if that message were
+    the user's (Engine.chat_trailing_assistant_as_user), unless the call continues it."""
+    assert chat.as_served(REPLIED, {}) is REPLIED  # vLLM's way: as written
+    chat.trailing_assistant_as_user = True
+    served = chat.as_served(REPLIED, {})
+    assert served[:2] == REPLIED[:2] and served[2] == {"role": "user", "content": "w4 w5"}
+    assert REPLIED[2]["role"] == "assistant"  # the app's messages are not changed
+    assert "<|im_start|>user\nw4 w5<|im_end|>\n<|im_start|>assistant\n" in chat.render(served)
+    assert chat.as_served(REPLIED, {"continue_final_message": True}) is REPLIED
+    middle = [*REPLIED, {"role": "user", "content": "w6"}]
+    assert chat.as_served(middle, {}) is middle
+    assert chat.as_served([], {}) == []
