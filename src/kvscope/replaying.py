@@ -9,7 +9,7 @@ they are kept in. The CLI (cli/replay.py) parses, shows progress and prints; not
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -77,21 +77,27 @@ def replay_document(
 def streamed_document(
     path: Path,
     block_size: int | None,
-    capacity_tokens: int,
+    capacities_tokens: Sequence[int],
     cache_outputs: bool | None = None,
     in_request: str | None = None,
 ) -> dict[str, Any] | None:
-    """`replay_document` of LRU at one capacity on a trace file, replayed as it is read
-    (sim/streamed.py: the trace's keys are never all in memory); None where its requests are not
-    in start order (then the trace must be read whole, which sorts them)."""
+    """`replay_document` of LRU on a trace file, replayed as it is read (the trace's keys are
+    never all in memory): at one capacity by sim/streamed.py's resumable pool; at several, with
+    prompt-only caching on a trace that names no agent, by sim/streamed_sweep.py's one pass
+    over stack distances. None where it cannot be (requests out of start order; for several
+    capacities, another caching, agents named, or what caches/stack.py would not answer in one
+    pass): then the trace must be read whole."""
     from kvscope.sim.inputs.rows import KeyChunks, Rows
     from kvscope.sim.inputs.sources import trace_reads
     from kvscope.sim.streamed import CannotStream, stream_lru
+    from kvscope.sim.streamed_sweep import stream_sweep
 
     read = trace_reads(path, block_size)
     bs = read.block_size
-    if capacity_tokens < bs:  # make_plan's refusals, before the trace is read
-        raise KvscopeError(f"capacity {capacity_tokens} tokens is less than one block of {bs}")
+    for cap in capacities_tokens:  # make_plan's refusals, before the trace is read
+        if cap < bs:
+            raise KvscopeError(f"capacity {cap} tokens is less than one block of {bs}")
+    blocks = sorted({cap // bs for cap in capacities_tokens})
     order = in_request or IN_REQUEST[0]
     order_note(order, None, ["lru"])
     cache = bool(cache_outputs)  # a trace's default: prompt-only
@@ -99,11 +105,17 @@ def streamed_document(
     first = next(chunks, None)
     labels = [] if first is None else [*first[0].agents, *first[0].workflows]
     named = any(v is not None for v in labels)  # harm is reported by agent
+    if len(blocks) > 1 and (cache or named):
+        return None
+    reads = itertools.chain([first] if first else [], chunks)
     try:
-        result, columns = stream_lru(
-            itertools.chain([first] if first else [], chunks), bs, capacity_tokens // bs,
-            cache_outputs=cache, in_request=order, attribute=named,
-        )  # fmt: skip
+        if len(blocks) == 1:
+            result, columns = stream_lru(
+                reads, bs, blocks[0], cache_outputs=cache, in_request=order, attribute=named
+            )
+            results = {blocks[0]: result}
+        else:
+            results, columns = stream_sweep(reads, bs, blocks, in_request=order)
     except CannotStream:
         return None
     rows, keys = Rows(), KeyChunks()
@@ -111,13 +123,19 @@ def streamed_document(
         rows.add(c)
         keys.add_flat(np.zeros(0, dtype=np.uint64), np.zeros(len(c.ids), dtype=np.int64))
     source = Source(read.kind, rows.trace(path, bs, keys), notes=read.notes)
-    plan = plan_of(source, "lru", str(capacity_tokens), None, cache, order)
-    summary = replace(summarize(source.trace, result), requested_capacity_tokens=capacity_tokens)
-    notes = [
-        "lru replayed as the trace was read (its requests came in start order): its block keys "
-        "were never all in memory; seconds include the reading"
+    plan = plan_of(source, "lru", ",".join(map(str, capacities_tokens)), None, cache, order)
+    summaries = [
+        replace(summarize(source.trace, results[cap // bs]), requested_capacity_tokens=cap)
+        for cap in plan.capacities
     ]
-    return _document(source, path, plan, None, Outcome([summary], None, notes))
+    how = (
+        f" at {len(blocks)} capacities in one pass over stack distances" if len(blocks) > 1 else ""
+    )
+    notes = [
+        f"lru replayed{how} as the trace was read (its requests came in start order): its block "
+        "keys were never all in memory; seconds include the reading"
+    ]
+    return _document(source, path, plan, None, Outcome(summaries, None, notes))
 
 
 def _document(

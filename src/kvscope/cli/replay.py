@@ -69,13 +69,13 @@ def streamed(
     source: Path, block_size: int | None, policy: str | None, capacity_tokens: str | None,
     cache_outputs: bool | None, in_request: str | None,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """replaying.streamed_document where it applies: LRU at one capacity, on a trace file of
-    STREAM_FROM_BYTES or more or a compressed one (smaller ones replay faster whole, without
-    compiled code) whose requests come in start order; else None (the trace is read whole)."""
+    """replaying.streamed_document where it applies: LRU at the capacities given, on a trace
+    file of STREAM_FROM_BYTES or more or a compressed one (smaller ones replay faster whole,
+    without compiled code); else None (the trace is read whole)."""
     if policy is None or [p.strip() for p in policy.split(",")] != ["lru"]:
         return None
-    caps = (capacity_tokens or "").split(",")
-    if len(caps) != 1 or not caps[0].strip().replace("_", "").isdigit():
+    caps = [c.strip().replace("_", "") for c in (capacity_tokens or "").split(",")]
+    if not all(c.isdigit() for c in caps):
         return None
     if not source.is_file():
         return None
@@ -83,8 +83,7 @@ def streamed(
         return None
     from kvscope.replaying import streamed_document
 
-    cap = int(caps[0].strip().replace("_", ""))
-    return streamed_document(source, block_size, cap, cache_outputs, in_request)
+    return streamed_document(source, block_size, [int(c) for c in caps], cache_outputs, in_request)
 
 
 @friendly

@@ -375,3 +375,41 @@ def test_a_compressed_trace_is_streamed_whatever_its_size_to_the_plain_ones_numb
     assert "as the trace was read" in packed_out
     assert plain == unpacked
     assert plain["evictions"]  # not a replay without evictions
+
+
+def test_several_capacities_are_swept_as_the_trace_is_read_to_the_same_numbers(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace naming no agent, requests one after another: LRU at several capacities in one
+    streamed pass gives what the whole trace gives; requests that overlap are read whole."""
+    from kvscope.cli import replay as replay_cli
+
+    moon = tmp_path / "m.jsonl"
+    args = ["replay", str(run), "--no-write", "--to-mooncake", str(moon)]
+    assert runner.invoke(app, args).exit_code == 0
+    rows = [json.loads(line) for line in moon.read_text().splitlines()]
+    for name, life in (("sequential", 500.0), ("overlapping", 5000.0)):
+        trace = tmp_path / f"{name}.jsonl"
+        unnamed = [
+            {"timestamp": i * 1000.0, "end_timestamp": i * 1000.0 + life,
+             **{k: r[k] for k in ("input_length", "output_length", "hash_ids")}}
+            for i, r in enumerate(rows)
+        ]  # fmt: skip
+        trace.write_text("".join(json.dumps(r) + "\n" for r in unnamed))
+        docs, outputs = [], []
+        for threshold in (1 << 60, 0):
+            monkeypatch.setattr(replay_cli, "STREAM_FROM_BYTES", threshold)
+            out = tmp_path / f"{name}.{threshold}.json"
+            args = ["replay", str(trace), "--block-size", "128", "--policy", "lru",
+                    "--capacity-tokens", "1024,2048,3456,100000", "--json", str(out)]  # fmt: skip
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.output
+            outputs.append(result.output.replace("\n", " "))
+            docs.append([{k: v for k, v in r.items() if k != "seconds"}
+                         for r in json.loads(out.read_text())])  # fmt: skip
+        assert docs[0] == docs[1] and len(docs[0]) == 4
+        hits = [r["cached_tokens"] for r in docs[0]]
+        assert hits == sorted(hits) and hits[0] < hits[-1]  # capacities that differ
+        streamed = "in one pass over stack distances as the trace was read" in outputs[1]
+        assert streamed is (name == "sequential")
+        assert "as the trace was read" not in outputs[0]

@@ -52,6 +52,7 @@ OVERLAP = "requests overlap in time (running requests pin blocks)"
 NO_KEY = "a request takes blocks without a prompt key"
 REPEATED = "a request repeats a key in its prompt"
 TWO_COPIES = "a key a request cannot hit was still cached (two copies in the pool)"
+TOO_BIG = "a request needs {} blocks, more than {} (it would be preempted)"
 TOO_MANY = "2**31 key positions or more (the pass counts them in int32)"
 MAX_CAPACITIES = 127  # per pass (stack_kernel counts a key's capacities in int8); more: passes
 
@@ -92,11 +93,7 @@ def lru_sweep(
         return {}, dict.fromkeys(caps, NO_KEY)
     counts = np.diff(trace.offsets)
     biggest = int(counts.max()) if len(counts) else 0
-    why = {
-        c: f"a request needs {biggest} blocks, more than {c} (it would be preempted)"
-        for c in caps
-        if c < max(biggest, 1)
-    }
+    why = {c: TOO_BIG.format(biggest, c) for c in caps if c < max(biggest, 1)}
     exact = [c for c in caps if c not in why]
     if exact and len(trace.keys) >= 2**31 - 1:
         return {}, {**why, **dict.fromkeys(exact, TOO_MANY)}

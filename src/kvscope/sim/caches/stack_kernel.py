@@ -1,7 +1,10 @@
 """The compiled one-pass LRU sweep: Mattson's stack distances at many capacities (stack.py).
 
-Everything the kernel calls is in this file: numba's disk cache checks only the file of the
-function it compiled, so code in another file would be used stale after that file changed.
+Everything the kernels call is in this file but the key table's two functions (stream_kernel's
+find_slot and delete_slot): numba's disk cache checks only the file of the function it compiled,
+so code in another file would be used stale after that file changed. TABLE_SOURCE is the hash of
+their source; tests/unit/sim/test_stack_sweep.py holds it equal, so a change there must change
+this file too.
 
 State, over dense key ids (key_ids.py) and flat key positions (trace.offsets' CSR), int32 (the
 caller refuses a trace of 2**31 key positions or more):
@@ -27,9 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvscope.sim.caches.compiled import compiled
+from kvscope.sim.caches.stream_kernel import delete_slot, find_slot
 
+TABLE_SOURCE = "3a17292578c11555"  # stream_kernel's _slot, find_slot, delete_slot (module doc)
 DEEP = np.iinfo(np.int64).max  # the depth of a key not in the window (cold, or below cmax)
-DONE, REPEATS, ALL_BROKEN = 0, 1, 2  # the kernel's status
+DONE, REPEATS, ALL_BROKEN, BROKEN = 0, 1, 2, 3  # the kernels' status
+A, B, CLOCK, KEYS = range(4)  # sweep_chunk's scalars kept between chunks
 
 
 @compiled(inline="always")
@@ -238,3 +244,121 @@ def sweep(
         out[fill[k], 2] = rows[r, 2]
         fill[k] += 1
     return DONE, cached, evictions, broken, out, ends
+
+
+@compiled()
+def sweep_chunk(
+    offsets: np.ndarray,
+    keys: np.ndarray,
+    limits: np.ndarray,
+    caps: np.ndarray,
+    head_first: bool,
+    st: np.ndarray,
+    tkey: np.ndarray,
+    tval: np.ndarray,
+    buf: np.ndarray,
+    bkey: np.ndarray,
+    used: np.ndarray,
+    evictions: np.ndarray,
+    cached: np.ndarray,
+) -> int:
+    """`sweep` without harm rows, resumable: the next requests (one after another, in order;
+    request i's keys keys[offsets[i]:offsets[i + 1]]) at every capacity of `caps`, the state
+    kept between chunks. Keys, not dense ids: the table (tkey, tval: key -> last-use time, -2
+    empty) holds only the keys in the window, buf[a:b] their times and bkey[a:b] the keys; a
+    key leaves both when it falls below the window. The caller keeps the table at most half
+    full and buf with room for the window and a request. cached[i, k]: request i's hits at
+    caps[k]. Status: DONE, REPEATS (a request repeats a key) or BROKEN (at some capacity a key
+    a request cannot hit is still cached: not a stack there)."""
+    nc = len(caps)
+    cmax = caps[nc - 1]
+    a, b, clock = st[A], st[B], st[CLOCK]
+    maxm = 0
+    for i in range(len(offsets) - 1):
+        maxm = max(maxm, offsets[i + 1] - offsets[i])
+    dep = np.empty(maxm + 1, dtype=np.int64)
+    at = np.empty(maxm + 1, dtype=np.int64)
+    smin = np.empty(maxm + 1, dtype=np.int64)
+    h = np.zeros(nc, dtype=np.int64)
+    status = DONE
+    for i in range(len(offsets) - 1):
+        lo = offsets[i]
+        m = offsets[i + 1] - lo
+        if m == 0:
+            continue
+        low = buf[a] if b > a else clock
+        first = b
+        for j in range(m):
+            key = keys[lo + j]
+            s = find_slot(tkey, tval, key)
+            t = tval[s]
+            if t >= clock:
+                status = REPEATS
+                break
+            at[j] = -1
+            dep[j] = DEEP
+            if t >= low:  # in the window (a key that left it left the table)
+                p = first_above(buf, a, b, t) - 1
+                at[j] = p
+                dep[j] = b - p
+                first = min(first, p)
+            else:
+                tkey[s] = key
+                st[KEYS] += 1
+            tval[s] = clock + (j if head_first else m - 1 - j)
+        if status != DONE:
+            break
+        lim = min(limits[i], m)
+        cm = 0
+        q = 0
+        for j in range(lim):
+            cm = max(cm, dep[j])
+            while q < nc and caps[q] < cm:
+                h[q] = j
+                q += 1
+            if q == nc:
+                break
+        for k in range(q, nc):
+            h[k] = lim
+        smin[m] = DEEP
+        for j in range(m - 1, -1, -1):
+            smin[j] = min(dep[j], smin[j + 1])
+        for k in range(nc):
+            cached[i, k] = h[k]
+            if smin[h[k]] <= caps[k]:
+                status = BROKEN
+            took = m - h[k]
+            evictions[k] += max(used[k] + took - caps[k], 0)
+            used[k] = min(used[k] + took, caps[k])
+        if status != DONE:
+            break
+        if first < b:  # its keys leave their places (they go on top below)
+            for j in range(m):
+                if at[j] >= 0:
+                    buf[at[j]] = -1
+            w = first
+            for r in range(first, b):
+                if buf[r] >= 0:
+                    buf[w] = buf[r]
+                    bkey[w] = bkey[r]
+                    w += 1
+            b = w
+        if b + m > len(buf):
+            for r in range(b - a):
+                buf[r] = buf[a + r]
+                bkey[r] = bkey[a + r]
+            b -= a
+            a = 0
+        for j in range(m):
+            buf[b + j] = clock + j
+            bkey[b + j] = keys[lo + (j if head_first else m - 1 - j)]
+        b += m
+        while b - a > cmax:  # below the window: out of the table
+            s = find_slot(tkey, tval, bkey[a])
+            if tval[s] == buf[a]:
+                delete_slot(tkey, tval, s)
+                st[KEYS] -= 1
+            a += 1
+        clock += m
+    st[A], st[B], st[CLOCK] = a, b, clock
+    return status

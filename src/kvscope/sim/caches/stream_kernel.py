@@ -40,7 +40,7 @@ def _slot(key: np.uint64, mask: np.int64) -> np.int64:
 
 
 @compiled(inline="always")
-def _find(tkey: np.ndarray, tval: np.ndarray, key: np.uint64) -> np.int64:
+def find_slot(tkey: np.ndarray, tval: np.ndarray, key: np.uint64) -> np.int64:
     """The slot of `key`, or the empty slot (tval -2) where it would go."""
     mask = len(tkey) - 1
     s = _slot(key, mask)
@@ -50,7 +50,7 @@ def _find(tkey: np.ndarray, tval: np.ndarray, key: np.uint64) -> np.int64:
 
 
 @compiled(inline="always")
-def _delete(tkey: np.ndarray, tval: np.ndarray, s: np.int64) -> None:
+def delete_slot(tkey: np.ndarray, tval: np.ndarray, s: np.int64) -> None:
     """Empty slot s, shifting back the entries after it that may not stay past a hole."""
     mask = len(tkey) - 1
     j = s
@@ -74,7 +74,7 @@ def grow_table(tkey: np.ndarray, tval: np.ndarray, size: int) -> tuple[np.ndarra
     nval = np.full(size, -2, dtype=np.int64)
     for t in range(len(tkey)):
         if tval[t] != -2:
-            s = _find(nkey, nval, tkey[t])
+            s = find_slot(nkey, nval, tkey[t])
             nkey[s] = tkey[t]
             nval[s] = tval[t]
     return nkey, nval
@@ -182,7 +182,7 @@ def run_chunk(
             mine = np.empty(2 * nkeys, dtype=np.int64)
         h = 0
         while h < limit:
-            s = _find(first_key, first_val, keys[lo + h])
+            s = find_slot(first_key, first_val, keys[lo + h])
             if first_val[s] == -2:
                 break
             mine[h] = first_val[s]
@@ -193,9 +193,9 @@ def run_chunk(
         g0 = nharm  # harm: a missed key whose last copy someone evicted, counted by who
         for j in range(h, nkeys if attribute else h):
             key = keys[lo + j]
-            if first_val[_find(first_key, first_val, key)] != -2:
+            if first_val[find_slot(first_key, first_val, key)] != -2:
                 continue
-            s = _find(ev_key, ev_val, key)
+            s = find_slot(ev_key, ev_val, key)
             if ev_val[s] >= 0:
                 harm[nharm, 0] = i
                 harm[nharm, 1] = ev_val[s]
@@ -247,7 +247,7 @@ def run_chunk(
                 if state[b] != KEYED:
                     continue
                 key = key_of[b]
-                s = _find(first_key, first_val, key)
+                s = find_slot(first_key, first_val, key)
                 if first_val[s] == b:
                     nb = dnext[b]
                     if nb >= 0:  # the next block stored with the key takes over
@@ -255,11 +255,11 @@ def run_chunk(
                         dprev[nb] = -1
                         dnext[b] = -1
                     else:
-                        _delete(first_key, first_val, s)
+                        delete_slot(first_key, first_val, s)
                         sc[NFIRST] -= 1
                         if not attribute:
                             continue
-                        v = _find(ev_key, ev_val, key)
+                        v = find_slot(ev_key, ev_val, key)
                         if ev_val[v] == -2:
                             ev_key[v] = key
                             sc[NEVICTED] += 1
@@ -306,7 +306,7 @@ def run_chunk(
         for t in range(nk):
             b = new[t]
             key = keys[lo + h + t]
-            s = _find(first_key, first_val, key)
+            s = find_slot(first_key, first_val, key)
             if first_val[s] != -2:  # held elsewhere: b is a later copy, at the list's end
                 last = first_val[s]
                 while dnext[last] >= 0:
@@ -318,7 +318,7 @@ def run_chunk(
                 first_val[s] = b
                 sc[NFIRST] += 1
                 if attribute:
-                    v = _find(ev_key, ev_val, key)
+                    v = find_slot(ev_key, ev_val, key)
                     if ev_val[v] != -2:
                         ev_val[v] = -1
             key_of[b] = key
