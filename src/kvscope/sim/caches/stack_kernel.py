@@ -68,6 +68,75 @@ def _bisect_right(row: np.ndarray, lo: int, hi: int, t: int) -> int:
     return lo
 
 
+@compiled(inline="always")
+def _hits(
+    dep: np.ndarray, m: int, lim: int, caps: np.ndarray, h: np.ndarray, smin: np.ndarray
+) -> None:
+    """h[k]: the request's hits at caps[k], the keys before the first deeper than it (at most
+    `lim`: the request's hit limit); smin[j]: the least depth of its keys from the j-th on;
+    dep[j]: the depth of its j-th key, of m."""
+    smin[m] = DEEP
+    for j in range(m - 1, -1, -1):
+        smin[j] = min(dep[j], smin[j + 1])
+    nc = len(caps)
+    cm = 0
+    q = 0
+    for j in range(lim):
+        cm = max(cm, dep[j])
+        while q < nc and caps[q] < cm:
+            h[q] = j
+            q += 1
+        if q == nc:
+            break
+    for k in range(q, nc):
+        h[k] = lim
+
+
+@compiled(inline="always")
+def _on_top(
+    buf: np.ndarray,
+    bkey: np.ndarray,
+    at: np.ndarray,
+    m: int,
+    a: int,
+    b: int,
+    first: int,
+    clock: int,
+    keys: np.ndarray,
+    lo: int,
+    head_first: bool,
+) -> tuple[int, int]:
+    """The window (buf[a:b]) after a request of m keys: the keys it held leave their places
+    (at[j] >= 0, the first at `first`) and all m go on top with times clock.. (moved to the
+    start of buf where they would not fit). bkey (empty: not kept) follows buf with the keys,
+    keys[lo + j] the request's j-th. (a, b) after."""
+    keep = len(bkey) > 0
+    if first < b:
+        for j in range(m):
+            if at[j] >= 0:
+                buf[at[j]] = -1
+        w = first
+        for r in range(first, b):
+            if buf[r] >= 0:
+                buf[w] = buf[r]
+                if keep:
+                    bkey[w] = bkey[r]
+                w += 1
+        b = w
+    if b + m > len(buf):
+        for r in range(b - a):
+            buf[r] = buf[a + r]
+            if keep:
+                bkey[r] = bkey[a + r]
+        b -= a
+        a = 0
+    for j in range(m):
+        buf[b + j] = clock + j
+        if keep:
+            bkey[b + j] = keys[lo + (j if head_first else m - 1 - j)]
+    return a, b + m
+
+
 @compiled()
 def sweep(
     order: np.ndarray,
@@ -103,6 +172,7 @@ def sweep(
     nbroken = 0
     bound = np.full((nc, n), -1, dtype=np.int32)
     h = np.zeros(nc, dtype=np.int64)
+    nokeys = np.zeros(0, dtype=kids.dtype)  # the window's keys are not kept: `last` has them
     tj = np.empty(maxm + 1, dtype=np.int64)  # per key of the request: its last use before
     dep = np.empty(maxm + 1, dtype=np.int64)  # its depth
     at = np.empty(maxm + 1, dtype=np.int64)  # its place in buf (-1: not in the window)
@@ -135,21 +205,7 @@ def sweep(
                     dep[j] = b - p
                     first = min(first, p)
                 last[kid] = clock + (j if head_first else m - 1 - j)
-            lim = min(limits[i], m)
-            cm = 0
-            q = 0
-            for j in range(lim):  # hits at caps[k]: the keys before the first deeper than it
-                cm = max(cm, dep[j])
-                while q < nc and caps[q] < cm:
-                    h[q] = j
-                    q += 1
-                if q == nc:
-                    break
-            for k in range(q, nc):
-                h[k] = lim
-            smin[m] = DEEP
-            for j in range(m - 1, -1, -1):
-                smin[j] = min(dep[j], smin[j + 1])
+            _hits(dep, m, min(limits[i], m), caps, h, smin)
             for k in range(nc):
                 cached[i, k] = h[k]
                 if not broken[k] and smin[h[k]] <= caps[k]:  # a key it cannot hit is cached
@@ -210,24 +266,7 @@ def sweep(
                     rows[nrows, 2] = 1
                     ends[k + 1] += 1
                     nrows += 1
-            if first < b:  # its keys leave their places (they go on top below)
-                for j in range(m):
-                    if at[j] >= 0:
-                        buf[at[j]] = -1
-                w = first
-                for r in range(first, b):
-                    if buf[r] >= 0:
-                        buf[w] = buf[r]
-                        w += 1
-                b = w
-            if b + m > len(buf):
-                for r in range(b - a):
-                    buf[r] = buf[a + r]
-                b -= a
-                a = 0
-            for j in range(m):
-                buf[b + j] = clock + j
-            b += m
+            a, b = _on_top(buf, nokeys, at, m, a, b, first, clock, kids, lo, head_first)
             a = max(a, b - cmax)
             clock += m
         for k in range(nc):
@@ -308,21 +347,7 @@ def sweep_chunk(
             tval[s] = clock + (j if head_first else m - 1 - j)
         if status != DONE:
             break
-        lim = min(limits[i], m)
-        cm = 0
-        q = 0
-        for j in range(lim):
-            cm = max(cm, dep[j])
-            while q < nc and caps[q] < cm:
-                h[q] = j
-                q += 1
-            if q == nc:
-                break
-        for k in range(q, nc):
-            h[k] = lim
-        smin[m] = DEEP
-        for j in range(m - 1, -1, -1):
-            smin[j] = min(dep[j], smin[j + 1])
+        _hits(dep, m, min(limits[i], m), caps, h, smin)
         for k in range(nc):
             cached[i, k] = h[k]
             if smin[h[k]] <= caps[k]:
@@ -332,27 +357,7 @@ def sweep_chunk(
             used[k] = min(used[k] + took, caps[k])
         if status != DONE:
             break
-        if first < b:  # its keys leave their places (they go on top below)
-            for j in range(m):
-                if at[j] >= 0:
-                    buf[at[j]] = -1
-            w = first
-            for r in range(first, b):
-                if buf[r] >= 0:
-                    buf[w] = buf[r]
-                    bkey[w] = bkey[r]
-                    w += 1
-            b = w
-        if b + m > len(buf):
-            for r in range(b - a):
-                buf[r] = buf[a + r]
-                bkey[r] = bkey[a + r]
-            b -= a
-            a = 0
-        for j in range(m):
-            buf[b + j] = clock + j
-            bkey[b + j] = keys[lo + (j if head_first else m - 1 - j)]
-        b += m
+        a, b = _on_top(buf, bkey, at, m, a, b, first, clock, keys, lo, head_first)
         while b - a > cmax:  # below the window: out of the table
             s = find_slot(tkey, tval, bkey[a])
             if tval[s] == buf[a]:
