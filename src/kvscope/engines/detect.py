@@ -17,6 +17,7 @@ from kvscope.records.kv_events import KvBatch
 
 # Long enough to fill whole KV blocks (vLLM CPU: 128 tokens), so that a store event must follow.
 _FILLER = " ".join(f"ledger line {i} stays stable." for i in range(80))
+QUICK_S = 0.5  # the live socket's first look for the probe's event, before the replay buffer
 
 
 def fetch_metrics(client: httpx.Client, url: str | None) -> list[Metric] | None:
@@ -87,6 +88,30 @@ def _stored(batches: list[KvBatch]) -> bool:
     return any(e.kind == "stored" for b in batches for e in b.events)
 
 
+def _probe_stored(
+    sock: zmq.Socket, replay_endpoint: str | None, sent: float, wait_s: float
+) -> tuple[bool, bool]:
+    """(whether the probe's BlockStored event came within `wait_s`, whether only through the
+    replay buffer). A publisher's first batch after a subscriber joins can be dropped on the
+    live socket (seen on every fresh vLLM: the probe then waited all of `wait_s`), and the
+    replay buffer still holds it: so the live socket for up to QUICK_S, then the buffer, then
+    the live socket for the rest of `wait_s`, then the buffer once more."""
+    deadline = time.monotonic() + wait_s
+    if _stored(receive(sock, min(QUICK_S, wait_s))):
+        return True, False
+    while True:
+        if replay_endpoint is not None:
+            batches = replay(replay_endpoint)
+            if _stored([b for b in batches if b.ts_ns >= (sent - 1) * 1e9]):
+                return True, True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, False
+        if _stored(receive(sock, left)):
+            return True, False
+        deadline = time.monotonic()  # waited it all: the buffer once more, then done
+
+
 def detect(
     endpoints: Endpoints,
     engines: Sequence[type[Engine]],
@@ -111,16 +136,13 @@ def detect(
                     time.sleep(0.5)  # let the PUB/SUB link form before anything is published
                     sent = time.time()
                     usage = stream_usage(client, endpoints.base_url, models[0], prompt)
-                    kv_events = _stored(receive(s, kv_wait_s))
+                    kv_events, replayed = _probe_stored(
+                        s, endpoints.kv_events_replay, sent, kv_wait_s
+                    )
             except zmq.ZMQError as err:
                 raise EngineError(f"KV events endpoint {endpoints.kv_events}: {err}") from None
-            if not kv_events and endpoints.kv_events_replay:
-                # A publisher's first batch after a subscriber joins can be dropped on the live
-                # socket (seen on vLLM); its replay buffer still holds it.
-                batches = replay(endpoints.kv_events_replay)
-                kv_events = _stored([b for b in batches if b.ts_ns >= (sent - 1) * 1e9])
-                if kv_events:
-                    notes.append("KV events: the probe's batch came only through replay")
+            if replayed:
+                notes.append("KV events: the probe's batch came only through replay")
             if not kv_events:
                 notes.append(f"no BlockStored event within {kv_wait_s:.0f} s of a cold request")
         else:

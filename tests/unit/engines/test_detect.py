@@ -154,10 +154,18 @@ def test_silent_kv_endpoint() -> None:
     assert any("no BlockStored" in n for n in caps.notes)
 
 
-def test_events_only_through_replay() -> None:
+def test_events_only_through_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live socket dropped the probe's batch (as every fresh vLLM does): after a first look
+    of QUICK_S the replay buffer is asked, not after all of kv_wait_s."""
+    from kvscope.engines import detect as detecting
+
+    waits: list[float] = []
+    receive = detecting.receive
+    monkeypatch.setattr(detecting, "receive", lambda s, t: waits.append(t) or receive(s, t))
     caps = run(StandIn(SSE, METRICS, replay_port=free_port()))
     assert caps.kv_events is True
     assert any("only through replay" in n for n in caps.notes)
+    assert waits == [detecting.QUICK_S]
 
 
 def test_nothing_listening() -> None:
