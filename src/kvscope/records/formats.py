@@ -2,10 +2,9 @@
 standard library only, so that a process replaying a JSONL trace never imports pyarrow (~0.1 s
 of CPU and ~28 MB it does not need). Arrow IPC files begin with MAGIC_FILE; an IPC stream (as
 kvscope writes its streams) with its first message's continuation marker, Parquet with its
-own. A compressed file
-(gzip, bzip2, xz: how public traces are often shipped) is told by its own magic and read through
-the standard library's decompressor (`open_bytes`); zstd, which Python 3.11's library cannot
-read, is refused by name.
+own. A compressed file (gzip, bzip2, xz: how public traces are often shipped) is told by its own
+magic and read through the standard library's decompressor (`open_bytes`); zstd, which Python
+3.11's library cannot read, is refused by name.
 """
 
 import bz2

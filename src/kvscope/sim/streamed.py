@@ -31,6 +31,7 @@ from kvscope.sim.caches import stream_kernel as k
 from kvscope.sim.caches.pool_compiled import harm_rows
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.simulate import CACHING, IN_REQUEST
+from kvscope.sim.trace import prompt_only_lengths
 
 
 class CannotStream(Exception):
@@ -67,9 +68,9 @@ class _Pool:
             size = min(self.cap, max(used, 2 * len(self.blocks[0])))
             fills = zip(self.blocks, self.BLOCK_FILL, strict=True)
             self.blocks = tuple(_grown(a, size, f) for a, f in fills)
-        self.first = _room(self.first, int(self.sc[k.NFIRST]) + min(demand, self.cap))
+        self.first = table_room(self.first, int(self.sc[k.NFIRST]) + min(demand, self.cap))
         if attribute:
-            self.evicted = _room(self.evicted, int(self.sc[k.NEVICTED]) + demand)
+            self.evicted = table_room(self.evicted, int(self.sc[k.NEVICTED]) + demand)
         if requests > len(self.running[0]):
             size = max(requests, 2 * len(self.running[0]))
             self.running = tuple(_grown(a, size, 0) for a in self.running)
@@ -81,7 +82,7 @@ def _grown(a: np.ndarray, size: int, fill: Any) -> np.ndarray:
     return out
 
 
-def _room(table: tuple[np.ndarray, np.ndarray], entries: int) -> tuple[np.ndarray, np.ndarray]:
+def table_room(table: tuple[np.ndarray, np.ndarray], entries: int) -> tuple[np.ndarray, np.ndarray]:
     """`table` with at most half of its slots taken by `entries`."""
     size = len(table[0])
     while 2 * entries > size:
@@ -131,8 +132,7 @@ def stream_lru(
         last_start = start[-1] if m else last_start
         prompt, output = np.asarray(part.prompt, np.int64), np.asarray(part.output, np.int64)
         if not cache_outputs:  # simulate's prompt_only: whole blocks and one token, no output
-            part = prompt % bs
-            prompt, output = np.where(part > 0, prompt - part + 1, prompt), output * 0
+            prompt, output = prompt_only_lengths(prompt, bs), output * 0
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         reqs, kinds, carried = _events(base, start, end, carried, chunk is None)

@@ -14,7 +14,7 @@ agent or a workflow (its harm would be reported; this pass attributes none).
 
 Contract: for prompt-only caching (what a stack is defined on), each result equals
 `simulate(trace, "lru", c, cache_outputs=False, in_request=...)` on the whole trace in cached
-blocks and evictions, with `attributed` False (no harm rows); tests/unit/sim/test_stack_sweep.py
+blocks and evictions, with `attributed` False (no harm rows); tests/unit/sim/test_streamed_sweep.py
 holds it on random traces cut into chunks.
 """
 
@@ -29,9 +29,9 @@ import numpy as np
 from kvscope.sim.caches import stack_kernel as sk
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.caches.stack import NO_KEY, OVERLAP, REPEATED, TOO_BIG, TWO_COPIES
-from kvscope.sim.caches.stream_kernel import grow_table
 from kvscope.sim.simulate import CACHING, IN_REQUEST
-from kvscope.sim.streamed import CannotStream, Part, in_start_order
+from kvscope.sim.streamed import CannotStream, Part, in_start_order, table_room
+from kvscope.sim.trace import prompt_only_lengths
 
 WHY = {sk.REPEATS: REPEATED, sk.BROKEN: TWO_COPIES}
 
@@ -57,11 +57,7 @@ class _Window:
             self.buf = _moved(self.buf, a, b, size)
             self.bkey = _moved(self.bkey, a, b, size)
             self.st[sk.A], self.st[sk.B] = 0, b - a
-        size = len(self.table[0])
-        while 2 * (window + longest) > size:
-            size *= 2
-        if size > len(self.table[0]):
-            self.table = grow_table(*self.table, size)
+        self.table = table_room(self.table, window + longest)
 
 
 def _moved(a: np.ndarray, lo: int, hi: int, size: int) -> np.ndarray:
@@ -102,9 +98,7 @@ def stream_sweep(
         if len(start) and (start[0] < last_end or (start[1:] < np.maximum(start, end)[:-1]).any()):
             raise CannotStream(OVERLAP)
         last_end = float(max(start[-1], end[-1])) if len(start) else last_end
-        prompt = np.asarray(part.prompt, np.int64)
-        cut = prompt % bs  # simulate's prompt_only: whole blocks and one token, no output
-        prompt = np.where(cut > 0, prompt - cut + 1, prompt)
+        prompt = prompt_only_lengths(part.prompt, bs)  # simulate's prompt_only (no output)
         counts = np.asarray(part.counts, np.int64)
         if (np.maximum(-(-(prompt - 1) // bs), 0) != counts).any():
             raise CannotStream(NO_KEY)

@@ -96,8 +96,12 @@ def prompt_only(trace: Trace) -> Trace:
     token, so that ceil((prompt + output - 1) / block_size) (the blocks a request takes, in both
     caches) is prompt // block_size and (prompt - 1) // block_size (the hit limit) is unchanged.
     Summaries are made over the original trace (its prompt tokens)."""
-    bs = trace.block_size
-    prompt = np.asarray(trace.prompt_tokens, dtype=np.int64)
-    part = prompt % bs
-    cut = np.where(part > 0, prompt - part + 1, prompt)
+    cut = prompt_only_lengths(trace.prompt_tokens, trace.block_size)
     return replace(trace, prompt_tokens=cut, output_tokens=np.zeros_like(cut))
+
+
+def prompt_only_lengths(prompt: np.ndarray, block_size: int) -> np.ndarray:
+    """`prompt_only`'s prompt lengths: a partial last block cut to one token."""
+    prompt = np.asarray(prompt, dtype=np.int64)
+    part = prompt % block_size
+    return np.where(part > 0, prompt - part + 1, prompt)

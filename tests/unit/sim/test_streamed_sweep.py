@@ -15,7 +15,6 @@ from sim_helpers import random_trace
 from test_stack_sweep import chains, sequential
 from test_streamed import _reads
 
-from kvscope.sim import streamed_sweep
 from kvscope.sim.caches import stack_kernel, stream_kernel
 from kvscope.sim.simulate import simulate, sweep_lru
 from kvscope.sim.streamed import CannotStream
@@ -88,9 +87,8 @@ def test_its_memory_follows_the_largest_capacity_not_the_trace(
     """3,000 requests of fresh keys at capacities up to 48 blocks: the window and the table
     never grow past their first sizes (1,024)."""
     grown: list[int] = []
-    monkeypatch.setattr(
-        streamed_sweep, "grow_table", lambda *t: grown.append(t[-1]) or stream_kernel.grow_table(*t)
-    )
+    grow = stream_kernel.grow_table
+    monkeypatch.setattr(stream_kernel, "grow_table", lambda *t: grown.append(t[-1]) or grow(*t))
     trace = chains(4, n=3000)
     got, _ = stream_sweep(_reads(trace, list(range(100, 3000, 100))), trace.block_size, [16, 48])
     assert got[48].evictions > 10 * 48 and not grown
