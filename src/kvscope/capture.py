@@ -213,13 +213,13 @@ class CaptureSession:
             self.engine, launch=handle.launch, capabilities=caps, runtime=facts
         )
         params = mlflow_params(cfg, caps.models[0], self.engine.version(), facts, env)
+        chat = _chat_tokenizer(self.engine, self.wire)  # may fail: before anything is kept
         self._write_run_json(target, env, cache_reset=self._cold_start(target), params=params)
-        self._measuring = True
-        self.mlflow.open(params)
-        chat = _chat_tokenizer(self.engine, self.wire)
-        self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         ids = chat is not None or self.wire.gives_prompt_ids()
         self._streams = CallStreams(run_dir, tokens=ids, payloads=cfg.tracking.traces)
+        self._measuring = True  # from here a failure concludes the run: its streams exist
+        self.mlflow.open(params)
+        self.base_url, self.model = target.base_url + "/v1", caps.models[0]
         self._context = self._streams.context(
             self._run_info(caps, env), chat, self._store_prompts, cfg.eviction_hints
         )

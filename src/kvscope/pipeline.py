@@ -13,10 +13,13 @@ Every entry point is this pipeline with its own driver, and nothing else:
 What was measured is kept whatever happens: an exception or Ctrl-C in the driver (or a failure
 the driver reports in `run.failure` without raising, like a program's exit status) still gets
 the tables, the summary and the MLflow run, marked with the failure; the exception then goes on
-(`run` keeps an ordinary exception in the outcome instead). A session that fails before it
-measured anything (no run directory streams yet) has nothing to keep: its error goes on as is.
+(`run` keeps an ordinary exception in the outcome instead), with a note where the run could not
+be concluded either (its MLflow run is then ended FAILED, never left open). A session that fails
+before it measured anything (no run directory streams yet) has nothing to keep: its error goes on
+as is.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
@@ -51,7 +54,7 @@ class Pipeline:
             self.session.open()
         except BaseException as err:
             if self.session.measuring:  # the run directory has streams: keep them
-                self._conclude(err)
+                self._conclude_after(err)
             raise
         return self
 
@@ -62,7 +65,18 @@ class Pipeline:
         tb: TracebackType | None,
     ) -> None:
         self.session.close()
-        self._conclude(exc or self.failure)
+        if exc is None:
+            self._conclude(self.failure)
+        else:
+            self._conclude_after(exc)
+
+    def _conclude_after(self, err: BaseException) -> None:
+        """`_conclude` of a run that failed with `err`, which stays the error to report: a
+        failure to conclude is added to its notes."""
+        try:
+            self._conclude(err)
+        except Exception as later:
+            err.add_note(f"kvscope could not conclude the run either: {later!r}")
 
     def _conclude(self, failure: BaseException | None) -> None:
         """The closed session's run directory -> tables, status, analysis, report, MLflow."""
@@ -93,6 +107,9 @@ class Pipeline:
         except BaseException:
             if job is not None:
                 job.cancel()
+            if session.tracking is not None and session.tracking.run_id:
+                with contextlib.suppress(Exception):  # not left open for a publish to come
+                    session.tracking.end("FAILED")
             raise
         self.outcome = publish(
             analysis,

@@ -156,6 +156,14 @@ class TrackingRun:
         """`obj` as JSON (or YAML, by the name's suffix) at artifact path `name`."""
         self.client.log_dict(self._run(), obj, name)
 
+    def end(self, status: str) -> None:
+        """End the run without the traces' audit (a run that could not be concluded)."""
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            mlflow.end_run(status=status)
+        else:
+            self.client.set_terminated(self._run(), status=status)
+
     def finish(self, expected_traces: int, status: str = "FINISHED") -> TraceAudit:
         """Flush the trace queue, audit the traces of this run, log the audit, end the run."""
         run_id = self._run()
