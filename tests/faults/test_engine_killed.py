@@ -3,17 +3,25 @@ the run stops sending, keeps a row for every request it sent, says in its output
 summary.json and MLflow that the engine died (when, after how many calls, what was not run),
 exits non-zero, and `kvscope report` works on what was kept.
 
+The server case runs against an engine that demands an API key (named by engine.api_key_env):
+kvscope sends the key with every request it makes, launches the engine with it in its
+environment only, and writes it nowhere, a crashed run included: no file of the run, the MLflow
+store or kvscope's state holds it, nor any command line. (It had an engine of its own before.)
+
 Each case starts its own engine (kvscope run, a port of its own): the session's engine is never
 killed. About a minute each on a 2-core machine.
 """
 
+import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import mlflow
 import psutil
 import pytest
@@ -49,9 +57,17 @@ def test_a_killed_engine_ends_the_run_cleanly(tmp_path: Path, target: str) -> No
     cfg["engine"] |= {"port": free_port(), "kv_events_port": free_port(2)}
     cfg["workload"] |= {"workflows": WORKFLOWS, "concurrency": 1, "cycles": 1, "max_tokens": 16}
     cfg["runs_dir"] = str(tmp_path / "runs")
+    key = f"kvs-{secrets.token_hex(16)}" if target == "server" else None
+    if key:
+        cfg["engine"]["api_key_env"] = "KVS_TEST_KEY"
     config = tmp_path / "faults.yaml"
     config.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "KVSCOPE_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("KVSCOPE_API_KEY", None)
+    env |= {"KVS_TEST_KEY": key} if key else {}
+    refused: int | None = None
+    cmdlines: list[str] = []
     proc = subprocess.Popen([*KVSCOPE, "run", str(config)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
@@ -65,6 +81,12 @@ def test_a_killed_engine_ends_the_run_cleanly(tmp_path: Path, target: str) -> No
             time.sleep(0.2)
         assert rows_file is not None, "no rows before the deadline"
         victim = engine_process(psutil.Process(proc.pid), target)
+        if key:  # the engine is up: without the key it must refuse
+            port = cfg["engine"]["port"]
+            refused = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    cmdlines.append(" ".join(p.cmdline()))
         killed_ns = time.time_ns()
         victim.send_signal(signal.SIGKILL)
         output, _ = proc.communicate(timeout=300)
@@ -95,5 +117,16 @@ def test_a_killed_engine_ends_the_run_cleanly(tmp_path: Path, target: str) -> No
                             capture_output=True, timeout=300)  # fmt: skip
     assert report.returncode == 0, report.stdout + report.stderr
     assert (run_dir / "report.html").exists()
+    if key:
+        assert refused == 401, "the engine did not demand the key"
+        assert sum(r["status"] == "ok" for r in rows) >= KILL_AFTER  # the key was sent
+        assert cmdlines and not any(key in c for c in cmdlines)
+        assert key not in output + report.stdout + report.stderr
+        holders = [
+            p for p in tmp_path.rglob("*")
+            if p.is_file() and p != config and key.encode() in p.read_bytes()
+        ]  # fmt: skip
+        assert holders == []
+        assert "KVS_TEST_KEY" in (run_dir / "config.yaml").read_text()  # only the variable's name
     left = [p for p in psutil.Process().children(recursive=True) if "vllm" in " ".join(p.cmdline())]
     assert not left
