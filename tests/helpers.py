@@ -45,6 +45,12 @@ class Up:
     def base(self) -> str:
         return self.state["endpoints"]["base_url"]
 
+    def engine_file(self, folder: Path) -> Path:
+        """The engine's config as a file in `folder` (a profile or run given it reuses it)."""
+        path = folder / "engine.yaml"
+        path.write_text(json.dumps(self.engine_config))  # JSON is YAML
+        return path
+
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*KVSCOPE, *args], env=self.env, capture_output=True, text=True, timeout=timeout

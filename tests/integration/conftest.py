@@ -42,6 +42,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 
 @pytest.fixture
+def engine_state(up: Up, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process finds the session's engine (`kvscope engine up`'s state), as the CLI does."""
+    monkeypatch.setenv("KVSCOPE_STATE_DIR", str(up.state_dir))
+
+
+@pytest.fixture
 def replica_pair(tmp_path_factory: pytest.TempPathFactory) -> ReplicaPair:
     """The two router replicas, started for the first of the consecutive tests using them."""
     if not _PAIR:

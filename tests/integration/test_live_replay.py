@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from helpers import ROOT, Up
 
 pytestmark = pytest.mark.engine
@@ -17,8 +16,7 @@ FIXED = 7 * 128  # seven full blocks of vLLM CPU's 128 tokens
 
 
 def test_pathology_replayed_at_a_larger_capacity(up: Up, tmp_path: Path) -> None:
-    engine = tmp_path / "engine.yaml"
-    engine.write_text(yaml.safe_dump(up.engine_config))  # the session engine, reused
+    engine = up.engine_file(tmp_path)  # the session engine, reused
     runs = tmp_path / "runs"
     result = up.cli("replay", str(SOURCE), "--live", "--engine", str(engine),
                     "--runs-dir", str(runs), timeout=900)  # fmt: skip

@@ -14,7 +14,6 @@ from typing import Any, TypedDict
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from framework_venv import framework_python
 from helpers import KVSCOPE, ROOT, Up
 from langchain_openai import ChatOpenAI
@@ -27,18 +26,11 @@ from kvscope.records.tokens import TOKENS_ARROW, load_tokens
 pytestmark = pytest.mark.engine
 
 
-def engine_file(up: Up, tmp_path: Path) -> Path:
-    """The session engine's config (so the profile reuses that engine)."""
-    path = tmp_path / "engine.yaml"
-    path.write_text(yaml.safe_dump(up.engine_config))
-    return path
-
-
 def profile_cli(
     up: Up, tmp_path: Path, *program: str, timeout: float = 900
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     runs = tmp_path / "runs"
-    argv = [*KVSCOPE, "profile", "--engine", str(engine_file(up, tmp_path)),
+    argv = [*KVSCOPE, "profile", "--engine", str(up.engine_file(tmp_path)),
             "--runs-dir", str(runs), "--", *program]  # fmt: skip
     done = subprocess.run(
         argv, env=up.env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
@@ -236,7 +228,7 @@ def test_ctrl_c_keeps_what_was_measured(up: Up, tmp_path: Path) -> None:
         """
     ))  # fmt: skip
     runs = tmp_path / "runs"
-    argv = [*KVSCOPE, "profile", "--engine", str(engine_file(up, tmp_path)),
+    argv = [*KVSCOPE, "profile", "--engine", str(up.engine_file(tmp_path)),
             "--runs-dir", str(runs), "--", sys.executable, str(app)]  # fmt: skip
     proc = subprocess.Popen(argv, env=up.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
@@ -280,15 +272,9 @@ def two_agents(llm: ChatOpenAI, asynchronous: bool) -> Any:
     return g.compile()
 
 
-@pytest.fixture
-def engine_state(up: Up, monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process finds the session's engine (`kvscope engine up`'s state), as the CLI does."""
-    monkeypatch.setenv("KVSCOPE_STATE_DIR", str(up.state_dir))
-
-
 @pytest.mark.usefixtures("engine_state")
 def test_library_profile_in_a_plain_script(up: Up, tmp_path: Path) -> None:
-    with kvscope.profile(name="lib", engine=engine_file(up, tmp_path),
+    with kvscope.profile(name="lib", engine=up.engine_file(tmp_path),
                          runs_dir=tmp_path / "runs") as run:  # fmt: skip
         assert os.environ["OPENAI_BASE_URL"] == run.base_url
         llm = ChatOpenAI(model=run.model, max_tokens=4, temperature=0)  # from the environment
@@ -308,7 +294,7 @@ def test_library_profile_in_a_plain_script(up: Up, tmp_path: Path) -> None:
 @pytest.mark.usefixtures("engine_state")
 def test_library_profile_inside_a_running_event_loop(up: Up, tmp_path: Path) -> None:
     async def main() -> kvscope.Profile:
-        async with kvscope.profile(name="loop", engine=engine_file(up, tmp_path),
+        async with kvscope.profile(name="loop", engine=up.engine_file(tmp_path),
                                    runs_dir=tmp_path / "runs") as run:  # fmt: skip
             llm = ChatOpenAI(model=run.model, max_tokens=4, temperature=0)
             graph = two_agents(llm, asynchronous=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from helpers import Up
 from mlflow import MlflowClient
 
@@ -17,18 +16,6 @@ from kvscope import capture
 from kvscope.probe.mlflow_store import local_store_uri
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engine_state")]
-
-
-@pytest.fixture
-def engine_state(up: Up, monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process finds the session's engine (`kvscope engine up`'s state), as the CLI does."""
-    monkeypatch.setenv("KVSCOPE_STATE_DIR", str(up.state_dir))
-
-
-def engine_file(up: Up, tmp_path: Path) -> Path:
-    path = tmp_path / "engine.yaml"
-    path.write_text(yaml.safe_dump(up.engine_config))
-    return path
 
 
 def mlflow_runs(runs: Path) -> list:
@@ -47,7 +34,7 @@ def test_an_unreadable_tokenizer_is_the_error_and_nothing_is_left_open(
 
     monkeypatch.setattr(capture, "_chat_tokenizer", unreadable)
     runs = tmp_path / "runs"
-    session = kvscope.profile(name="broken", engine=engine_file(up, tmp_path), runs_dir=runs)
+    session = kvscope.profile(name="broken", engine=up.engine_file(tmp_path), runs_dir=runs)
     with pytest.raises(OSError, match=r"tokenizer\.json is not valid JSON"), session:
         raise AssertionError("the session must not open")
     assert [r for r in mlflow_runs(runs) if r.info.status == "RUNNING"] == []
@@ -62,7 +49,7 @@ def test_a_failure_after_the_streams_exist_concludes_the_run_and_stays_the_error
 
     monkeypatch.setattr(capture.CaptureSession, "_start_collectors", taken)
     runs = tmp_path / "runs"
-    session = kvscope.profile(name="half", engine=engine_file(up, tmp_path), runs_dir=runs)
+    session = kvscope.profile(name="half", engine=up.engine_file(tmp_path), runs_dir=runs)
     with pytest.raises(RuntimeError, match="port is taken"), session:
         raise AssertionError("the session must not open")
     (table,) = runs.glob("*/requests.parquet")  # concluded: an empty table, the run FAILED
@@ -74,7 +61,7 @@ def test_a_failure_after_the_streams_exist_concludes_the_run_and_stays_the_error
         raise OSError("No space left on device")
 
     monkeypatch.setattr(kvscope.finalize, "finalize", unwritable)  # the conclusion fails too
-    session = kvscope.profile(name="half", engine=engine_file(up, tmp_path), runs_dir=runs)
+    session = kvscope.profile(name="half", engine=up.engine_file(tmp_path), runs_dir=runs)
     with pytest.raises(RuntimeError, match="port is taken") as caught, session:
         raise AssertionError("the session must not open")
     assert any("No space left on device" in note for note in caught.value.__notes__)
