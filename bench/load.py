@@ -244,6 +244,11 @@ class RssSampler:
         self._thread.join()
         self.samples.append((time.monotonic(), self.rss()))
 
+    def mark(self) -> float:
+        """A sample now (a load shorter than `every_s` still has its start and end); its time."""
+        self.samples.append((time.monotonic(), self.rss()))
+        return self.samples[-1][0]
+
     def between(self, t0: float, t1: float) -> list[tuple[float, float]]:
         return [(t, m) for t, m in self.samples if t0 <= t <= t1]
 
@@ -374,7 +379,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
     tokens = "with" if chat else "without"
     span = f"{args.calls} calls" if args.calls else f"{args.seconds:.0f} s"
     console.print(f"kvscope load: {workflows} workflows, {span}, {tokens} tokenization")
-    capture._chat_tokenizer = lambda _engine: chat  # an attached engine's folder is unknown
+    capture._chat_tokenizer = lambda *_: chat  # an attached engine's folder is unknown
     began = time.monotonic()
     stages: dict[str, float] = {}
 
@@ -386,11 +391,11 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         runs_dir = args.runs_dir or tmp
         with kvscope.profile(name="load", attach=url, runs_dir=runs_dir, traces=True,
                              on_stage=stage) as run:  # fmt: skip
-            t0 = time.monotonic()
+            t0 = rss.mark()
             work = drive(run.base_url, run.model, workflows, args.seconds, "kvscope", args.calls,
                          engine_pid, args.rate)  # fmt: skip
             tally = asyncio.run(work)
-            t1 = time.monotonic()
+            t1 = rss.mark()
             load = rss.between(t0, t1)
             console.print(f"  load done: {tally.sent / tally.wall_s:.0f} requests/s, RSS peak "
                           f"{max(m for _, m in load):.0f} MiB, slope "
