@@ -21,9 +21,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engine_state")]
 def mlflow_runs(runs: Path) -> list:
     if not (runs / "mlflow.db").exists():
         return []
-    return MlflowClient(local_store_uri(runs)).search_runs(
-        [e.experiment_id for e in MlflowClient(local_store_uri(runs)).search_experiments()]
-    )
+    client = MlflowClient(local_store_uri(runs))
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
 def test_an_unreadable_tokenizer_is_the_error_and_nothing_is_left_open(
