@@ -17,9 +17,12 @@ only with the flag, where a tool or reasoning parser holds a token back.
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from helpers import VLLM_FIXTURES
@@ -150,6 +153,52 @@ class Stub:
                     yield event
 
         return Events()
+
+    @contextmanager
+    def serve(self) -> Iterator[str]:
+        """The stand-in on a real loopback socket (HTTP/1.1 in a thread; a stream chunked, one
+        event a write; `cut_after`: the connection dropped there, mid-body): its base URL."""
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                stub.received.append((self.path, body, dict(self.headers)))
+                if not body.get("stream"):
+                    data = json.dumps(stub.reply(self.path, body)).encode()
+                    self._head({"content-type": "application/json", "content-length": len(data)})
+                    self.wfile.write(data)
+                    return
+                self._head({"content-type": "text/event-stream", "transfer-encoding": "chunked"})
+                for i, event in enumerate(stub.events(self.path, body)):
+                    if stub.cut_after is not None and i == stub.cut_after:
+                        self.close_connection = True  # no last chunk: the body is cut off
+                        return
+                    time.sleep(stub.delay_s)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event.encode()))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _head(self, headers: dict[str, Any]) -> None:
+                self.send_response(200)
+                for name, value in headers.items():
+                    self.send_header(name, str(value))
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:  # quiet
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}"
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
 
 
 class Scripted(Stub):

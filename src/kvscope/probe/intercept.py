@@ -9,10 +9,11 @@ SDK >= 3 speaks httpx2, older ones httpx; ChatOpenAI goes through the SDK) is wr
 client of the process, also ones made before. A POST to `<base_url>/v1/chat/completions`,
 `<base_url>/v1/completions` or `<base_url>/v1/responses` (OpenAI's Responses API, the OpenAI
 Agents SDK's default model) with a JSON body is a call: it is named (probe/identity.py), tagged
-and observed (probe/wire.py), and its row goes to `ctx.sink` when the app has read the reply to
-its end, closed it, or the call raised. Calls to anything else pass untouched. A failed call (HTTP
-error, connection error, timeout, stream cut off) is a row with status and error_type, and the
-app gets the same exception or reply it would have got.
+and observed (probe/wire.py; the reply as read: probe/reply_stream.py), and its row goes to
+`ctx.sink` when the app has read the reply to its end, closed it, or the call raised. Calls to
+anything else pass untouched. A failed call (HTTP error, connection error, timeout, stream cut
+off) is a row with status and error_type, and the app gets the same exception or reply it would
+have got.
 
 Interceptors nest and may be entered from several threads; the wrap is removed when the last one
 exits (and left as a pass-through if some other library wrapped `send` after kvscope). While it
@@ -29,13 +30,14 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from kvscope.probe import run_tracker
 from kvscope.probe.identity import CallIdentity, identify, watch_frameworks
 from kvscope.probe.json_body import loads
+from kvscope.probe.reply_stream import observed
 from kvscope.records.invocations import InvocationError
 from kvscope.records.tools import ToolCall
 
@@ -209,7 +211,7 @@ def _observe(lib: Any, response: Any, call: Call) -> None:
     try:
         content = response.content  # read already: an in-memory reply (a mock transport)
     except lib.ResponseNotRead:
-        response.stream = _stream_class(lib)(response.stream, call)
+        response.stream = observed(lib, response.stream, call)
         return
     now = time.perf_counter()
     seen = call.feed(content, now) + call.flush(now)
@@ -279,60 +281,3 @@ def _uninstall() -> None:
             cls.send = original
             del _ORIGINAL[cls]
         # else: someone wrapped kvscope's wrapper; it stays, passing calls through
-
-
-_STREAM_CLASSES: dict[Any, type] = {}
-
-
-def _stream_class(lib: Any) -> type:
-    """A byte stream of `lib` (sync and async) reading the reply through its call as the app
-    reads it."""
-    if lib in _STREAM_CLASSES:
-        return _STREAM_CLASSES[lib]
-
-    class Observed(lib.SyncByteStream, lib.AsyncByteStream):  # type: ignore[misc,name-defined]
-        def __init__(self, inner: Any, call: Call) -> None:
-            self.inner, self.call = inner, call
-
-        def __iter__(self) -> Iterator[bytes]:
-            call, stream = self.call, iter(self.inner)
-            try:
-                for chunk in stream:
-                    yield call.feed(chunk, time.perf_counter())
-                yield call.flush(time.perf_counter())
-            except BaseException as err:
-                call.read_stopped(err)
-                raise
-            finally:  # as httpx's own streams do (the async one: see below)
-                if isinstance(stream, Generator):
-                    stream.close()
-            call.read_stopped(None)
-
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            call, stream = self.call, self.inner.__aiter__()
-            try:
-                async for chunk in stream:
-                    yield call.feed(chunk, time.perf_counter())
-                yield call.flush(time.perf_counter())
-            except BaseException as err:
-                call.read_stopped(err)
-                raise
-            finally:  # as httpx's own streams do: else the loop finalizes it (a self-pipe write)
-                if isinstance(stream, AsyncGenerator):
-                    await stream.aclose()
-            call.read_stopped(None)
-
-        def close(self) -> None:
-            try:
-                self.inner.close()
-            finally:
-                self.call.finish(early=True)  # closed before its end: it ends here
-
-        async def aclose(self) -> None:
-            try:
-                await self.inner.aclose()
-            finally:
-                self.call.finish(early=True)  # closed before its end: it ends here
-
-    _STREAM_CLASSES[lib] = Observed
-    return Observed
