@@ -280,7 +280,7 @@ def latency_phase(base_url: str, model: str, calls: int, chat: ChatTokenizer | N
         async def block(case: str, n: int) -> None:
             tally = Tally()
             client = client_for(base_url, 1)
-            app = graph(client, model, tally)
+            app = graph(client, model, tally, None)
             while tally.sent < n:
                 await app.ainvoke({"notes": []}, {"configurable": {"thread_id": "lat"}})
             await client.close()

@@ -40,6 +40,7 @@ class Collections:
     def __init__(self) -> None:
         self.runs = Counter[int]()  # collections per generation
         self.freed = 0  # objects young collections freed
+        self.garbage = 0  # objects any collection freed: garbage in reference cycles
         self.candidates = 0  # objects in generations 0 and 1 when a young collection started
         self.types = Counter[str]()
 
@@ -48,6 +49,7 @@ class Collections:
         if phase == "stop":
             self.runs[generation] += 1
             self.freed += info["collected"] if generation == 1 else 0
+            self.garbage += info["collected"]
         elif generation == 1:
             young = gc.get_objects(0) + gc.get_objects(1)
             self.candidates += len(young)
@@ -56,7 +58,8 @@ class Collections:
     def line(self, label: str, calls: int) -> str:
         return (f"{label:8s} {calls} calls: young collections {self.runs[0] / calls:.3f} a call, "
                 f"full {1000 * self.runs[2] / calls:.2f} per 1,000, promoted "
-                f"{(self.candidates - self.freed) / calls:.1f} objects a call")  # fmt: skip
+                f"{(self.candidates - self.freed) / calls:.1f} objects a call, cyclic garbage "
+                f"{self.garbage / calls:.1f} objects a call")  # fmt: skip
 
 
 def measured(work: Coroutine[Any, Any, Tally]) -> tuple[Tally, Collections]:
