@@ -190,7 +190,10 @@ class Stub:
             def log_message(self, *_: Any) -> None:  # quiet
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+        server.request_queue_size = 128  # calls at once (the default backlog is 5)
+        server.server_bind()
+        server.server_activate()
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
