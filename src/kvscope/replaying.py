@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.errors import KvscopeError
+from kvscope.gc_paused import gc_paused
 from kvscope.sim.inputs.sources import Source
 from kvscope.sim.plan import Outcome, Plan, make_plan, order_note, run_plan, split_list
 from kvscope.sim.results.summary import UNNAMED_HARM, names_anyone, summarize
@@ -86,7 +87,19 @@ def streamed_document(
     prompt-only caching on a trace that names no agent, by sim/streamed_sweep.py's one pass
     over stack distances. None where it cannot be (requests out of start order; for several
     capacities, another caching, agents named, or what caches/stack.py would not answer in one
-    pass): then the trace must be read whole."""
+    pass): then the trace must be read whole. With the garbage collector paused (gc_paused.py:
+    the chunks' rows are many objects in no cycle)."""
+    with gc_paused():
+        return _streamed(path, block_size, capacities_tokens, cache_outputs, in_request)
+
+
+def _streamed(
+    path: Path,
+    block_size: int | None,
+    capacities_tokens: Sequence[int],
+    cache_outputs: bool | None,
+    in_request: str | None,
+) -> dict[str, Any] | None:
     from kvscope.sim.inputs.rows import KeyChunks, Rows
     from kvscope.sim.inputs.sources import trace_reads
     from kvscope.sim.streamed import CannotStream, stream_lru

@@ -32,10 +32,8 @@ queues, paced by `Pace`) is kept for the stores that take no bulk writes and for
 values MLflow's tracer would move into attachments.
 """
 
-import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
@@ -46,6 +44,7 @@ import pyarrow as pa
 from mlflow import MlflowClient
 from mlflow.entities import LiveSpan, SpanStatus, SpanStatusCode, SpanType
 
+from kvscope.gc_paused import gc_paused
 from kvscope.probe.span_attributes import TOKEN_USAGE_KEY, llm_attributes, token_usage
 from kvscope.records.base import Row
 from kvscope.records.invocations import InvocationError, load_invocation_errors
@@ -96,7 +95,7 @@ class Streams:
 
     @classmethod
     def load(cls, run_dir: Path) -> "Streams":
-        with _gc_paused():
+        with gc_paused():
             return cls(load_tools(run_dir), load_payloads(run_dir),
                        load_invocation_errors(run_dir))  # fmt: skip
 
@@ -118,7 +117,7 @@ def write_traces(
     auditing: TrackingRun.finish does). `on_planned` hears how many traces kvscope writes
     before the first is written."""
     streams = streams or Streams.load(run_dir)
-    with _gc_paused():
+    with gc_paused():
         rows = requests.to_pylist()
         plans = plan_traces(rows, streams.tools, streams.payloads, streams.raised)
         on_planned(len(plans))
@@ -129,20 +128,6 @@ def write_traces(
     app_ids = sorted({r["mlflow_trace_id"] for r in rows if r.get("mlflow_trace_id")})
     linked = link_app_traces(client, app_ids, experiment_id, run_id)
     return TraceWrite(len(plans), linked, len(app_ids) - linked)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: a run's rows, plans and spans are many objects
-    in no cycle, which each collection walks again (a third of the bulk write's time at 5,000
-    traces, growing with the run)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def plan_traces(
