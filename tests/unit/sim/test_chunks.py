@@ -3,6 +3,7 @@ a chunk at once, with its line's number; a chunk with any other form is parsed l
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from kvscope.errors import KvscopeError
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.sources import Source, load_source
+from kvscope.sim.trace import LineNames
 
 ROWS = [
     {"timestamp": i, "input_length": 4 * len(ids), "output_length": 1, "hash_ids": ids}
@@ -197,3 +199,28 @@ def test_a_torn_or_zstd_compressed_file_is_refused_with_where(tmp_path: Path) ->
     zstd.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 16)
     with pytest.raises(KvscopeError, match=r"zstd-compressed.*decompress it first"):
         load_source(zstd, 4)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 100, 1 << 20])
+@pytest.mark.parametrize("named", [None, 3])
+def test_mooncake_lines_without_ids_are_named_by_their_line(
+    tmp_path: Path, chunk_bytes: int, named: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Mooncake trace that names no request gives "line-N" ids (made when read, not kept as
+    strings), in start order; one named request anywhere keeps every id a string."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    starts = [5, 1, 3, 2, 4]
+    rows: list[dict[str, Any]] = [
+        {"timestamp": t, "input_length": 4, "output_length": 1, "hash_ids": [1, 10 + i]}
+        for i, t in enumerate(starts)
+    ]
+    if named is not None:
+        rows[named]["request_id"] = "mine"
+    path = _write(tmp_path / "m.jsonl", rows, (",", ":"))
+    ids = load_source(path, block_size=2).trace.request_ids
+    expected = [f"line-{i + 1}" for i in sorted(range(5), key=lambda i: starts[i])]
+    if named is not None:
+        expected[expected.index(f"line-{named + 1}")] = "mine"
+    assert ids == tuple(expected) and list(ids) == expected and ids[1] == expected[1]
+    assert isinstance(ids, LineNames) is (named is None)
+    assert list(ids[1:3]) == expected[1:3] and ids.index(expected[2]) == 2

@@ -22,7 +22,7 @@ trace's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from kvscope.records.blockkey import within
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.chunks import Chunk
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
-from kvscope.sim.trace import Trace
+from kvscope.sim.trace import LineNames, Trace
 
 
 def field_of(
@@ -161,10 +161,14 @@ def _mooncake_whole(chunk: Chunk, block_size: int) -> Read | None:
     flat = (
         chunk.ids if (keep == counts).all() else chunk.ids[within(counts) < np.repeat(keep, counts)]
     )
-    ids = [
-        str(r["request_id"]) if "request_id" in r else f"line-{n}"
-        for r, n in zip(rows, chunk.numbers, strict=True)
-    ]
+    ids: Sequence[str] = (
+        [
+            str(r["request_id"]) if "request_id" in r else f"line-{n}"
+            for r, n in zip(rows, chunk.numbers, strict=True)
+        ]
+        if any("request_id" in r for r in rows)
+        else LineNames(np.asarray(chunk.numbers))
+    )
     return _columns(rows, ids, start, end, length, output), flat, keep
 
 

@@ -4,7 +4,7 @@ into block keys as they are read (Hasher)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import numpy as np
 from kvscope.errors import KvscopeError
 from kvscope.records import blockkey
 from kvscope.sim.caches.compiled import worth_compiling
-from kvscope.sim.trace import Trace
+from kvscope.sim.trace import LineNames, Trace
 
 Label = str | None
 
@@ -23,7 +23,7 @@ class Columns:
     """One chunk's requests: times in ms (end >= start), token counts, identities.
     `previous`: the line's previous_agent, False where the line does not give one."""
 
-    ids: list[str]
+    ids: Sequence[str]  # a list, or LineNames
     start_ms: np.ndarray  # float64
     end_ms: np.ndarray  # float64
     prompt: np.ndarray  # int64
@@ -64,14 +64,13 @@ class Rows:
         previous = [
             d if given[i] is False else given[i] for d, i in zip(derived, pick, strict=True)
         ]
-        ids = joined("ids")
         keys_flat, counts = keys.sorted(order)
         offsets = np.zeros(len(pick) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         return Trace(
             source=str(source),
             block_size=block_size,
-            request_ids=tuple(ids[i] for i in pick),
+            request_ids=_request_ids([x.ids for x in c], order),
             start_s=start[order] / 1e3,
             end_s=flat("end_ms")[order] / 1e3,
             prompt_tokens=flat("prompt")[order],
@@ -82,6 +81,14 @@ class Rows:
             workflows=tuple(workflows),
             previous_agents=tuple(previous),  # type: ignore[arg-type]
         )
+
+
+def _request_ids(chunks: list[Sequence[str]], order: np.ndarray) -> Sequence[str]:
+    """The chunks' request ids in `order`: LineNames where every chunk's are, else a tuple."""
+    if all(isinstance(ids, LineNames) for ids in chunks):
+        return LineNames(np.concatenate([ids.lines for ids in chunks])[order])  # type: ignore[attr-defined]
+    ids = [v for x in chunks for v in x]
+    return tuple(ids[i] for i in order.tolist())
 
 
 def _previous_agents(agents: list[Label], workflows: list[Label]) -> list[Label]:
