@@ -95,3 +95,35 @@ def test_a_recorded_fan_out_replays_exactly_in_the_engines_order(monkeypatch) ->
     off = fidelity(sent, simulate(sent.trace, "lru", blocks))
     assert off is not None and not off.meets_targets
     assert {r.split(" (")[0] for m in off.mismatches for r in m.reasons} == {"timing"}
+
+
+def reference_order(group: list[int], sent: list[float], at: list[Any], after: Any) -> list[int]:
+    """The module doc's rules 1 and 2 as list insertions, one call at a time (the oracle)."""
+    seqs = [at[i][0] for i in group if at[i] is not None]
+    batch = min(seqs) if seqs else None
+    stored = sorted((i for i in group if at[i] is not None and at[i][0] == batch),
+                    key=lambda i: at[i][1])  # fmt: skip
+    placed = list(stored)
+    for i in sorted((i for i in group if i not in stored), key=lambda i: sent[i]):
+        peers = [k for k, j in enumerate(placed) if j in stored and after and after(i, j)]
+        if peers:
+            placed.insert(peers[-1] + 1, i)
+        else:
+            later = [k for k, j in enumerate(placed) if sent[j] > sent[i]]
+            placed.insert(later[0] if later else len(placed), i)
+    return placed
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_step_is_ordered_as_the_rules_place_one_call_at_a_time(seed: int) -> None:
+    """Random steps (sending ties, two KV event batches, calls that stored nothing, hits on
+    some stored calls): the same order as the rules applied by list insertion."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    group = rng.permutation(n).tolist()
+    sent = rng.integers(0, 12, n).astype(float).tolist()
+    at = [None if rng.random() < 0.5 else (int(rng.integers(1, 3)), int(rng.integers(0, 1000)))
+          for _ in range(n)]  # fmt: skip
+    hits = rng.random((n, n)) < 0.15
+    after = None if seed % 5 == 0 else (lambda i, j: bool(hits[i, j]))
+    assert schedule.step_order(group, sent, at, after) == reference_order(group, sent, at, after)

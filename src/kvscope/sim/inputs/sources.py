@@ -138,6 +138,14 @@ def _need_block_size(block_size: int | None, path: Path, what: str) -> int:
 # --- run directories ---------------------------------------------------------------------------
 
 
+# the request table's columns a replay reads (a row of all ~70 is ~5 KB of Python objects)
+RUN_COLUMNS = (
+    "request_uuid", "status", "start_ns", "end_ns", "ttft_ms", "prefill_ms", "queue_ms",
+    "cached_tokens", "prompt_tokens", "output_tokens", "agent_id", "workflow_run_id",
+    "previous_agent_id", "engine_priority",
+)  # fmt: skip
+
+
 def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     """A run directory's successful calls with token ids, in start order (see module doc)."""
     from kvscope.records.run_dir import RunDir
@@ -167,7 +175,8 @@ def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     excluded: dict[str, int] = {}
     kept: list[dict[str, Any]] = []
     left_out: list[float] = []
-    for row in table.to_pylist():
+    read = table.select([c for c in RUN_COLUMNS if c in table.column_names])
+    for row in read.to_pylist():
         reason = _exclusion(row, tokens)
         if reason:
             excluded[reason] = excluded.get(reason, 0) + 1
