@@ -253,7 +253,7 @@ def replay(
     if doc is None:
         from kvscope.sim.grid import default_jobs
 
-        loaded = load_source(source, block_size)
+        loaded = load_source(source, block_size, need_capacity=capacity_tokens is None)
         if to_tokens is not None and loaded.run_dir is None:
             raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
         doc = replay_with_progress(

@@ -413,3 +413,19 @@ def test_several_capacities_are_swept_as_the_trace_is_read_to_the_same_numbers(
         streamed = "in one pass over stack distances as the trace was read" in outputs[1]
         assert streamed is (name == "sequential")
         assert "as the trace was read" not in outputs[0]
+
+
+def test_a_run_that_records_no_capacity_is_refused_before_its_calls_are_read(run: Path) -> None:
+    """Without --capacity-tokens, a run whose run.json records no capacity is refused at once
+    (its prompts are not read first: here they are unreadable, and that is not what is said)."""
+    info = json.loads((run / "run.json").read_text())
+    del info["config"]["engine"]["kv_capacity_tokens"]
+    del info["environment"]["model"]["capacity_tokens"]
+    del info["environment"]["capabilities"]["capacity_tokens"]
+    (run / "run.json").write_text(json.dumps(info))
+    (run / "prompt_tokens.jsonl").write_text("not the prompts\n" * 3)
+    result = runner.invoke(app, ["replay", str(run), "--policy", "lru"])
+    assert result.exit_code == 2, result.output
+    assert "records no KV capacity: give --capacity-tokens" in result.output
+    ok = runner.invoke(app, ["replay", str(run), "--policy", "lru", "--capacity-tokens", "4096"])
+    assert "records no KV capacity" not in ok.output

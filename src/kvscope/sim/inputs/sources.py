@@ -77,15 +77,18 @@ class Source:
         return None if self.run is None else self.run.path
 
 
-def load_source(path: Path | RunDir, block_size: int | None = None) -> Source:
+def load_source(
+    path: Path | RunDir, block_size: int | None = None, need_capacity: bool = False
+) -> Source:
     """The trace at `path`: a run directory, an Arrow token-id trace (by its magic bytes), or a
-    JSONL trace recognised by its first line."""
+    JSONL trace recognised by its first line. `need_capacity`: no capacity is given, so a run
+    directory that records none is refused before its calls are read."""
     if not isinstance(path, Path):  # a RunDir
-        return load_run(path, block_size)
+        return load_run(path, block_size, need_capacity)
     if not path.exists():
         raise KvscopeError(f"{path} does not exist")
     if path.is_dir():
-        return load_run(path, block_size)
+        return load_run(path, block_size, need_capacity)
     read = trace_reads(path, block_size)
     trace = gathered(path, read.block_size, read.chunks)
     return Source(read.kind, trace, notes=read.notes)
@@ -146,7 +149,9 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
-def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
+def load_run(
+    run: RunDir | Path, block_size: int | None = None, need_capacity: bool = False
+) -> Source:
     """A run directory's successful calls with token ids, in start order (see module doc)."""
     from kvscope.records.run_dir import RunDir
     from kvscope.records.tokens import TOKENS_ARROW
@@ -170,6 +175,8 @@ def load_run(run: RunDir | Path, block_size: int | None = None) -> Source:
     if not bs:
         raise KvscopeError(f"{run_dir}/run.json does not record the block size: pass --block-size")
     capacity = model.get("capacity_tokens") or engine_cfg.get("kv_capacity_tokens")
+    if need_capacity and not capacity:
+        raise KvscopeError(f"{run_dir}/run.json records no KV capacity: give --capacity-tokens")
 
     tokens = run.tokens
     excluded: dict[str, int] = {}
