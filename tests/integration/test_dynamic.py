@@ -40,6 +40,13 @@ def sequences(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def failures(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(agent, error type, message) of each row that is not ok: what a failed assertion shows."""
+    return [
+        (r["agent_id"], r["error_type"], r["error_message"]) for r in rows if r["status"] != "ok"
+    ]
+
+
 # The shipped configs' settings (max_tokens 32, 4 workers): on SmolLM2-135M the first four tasks
 # of seed 0 took 2 distinct routes in each workload when these were written. Which route a task
 # takes is the model's choice, and batching changes its numerics: in one CI run on an AMX Xeon all
@@ -58,12 +65,7 @@ def test_dynamic_peer(up: Up, tmp_path: Path) -> None:
     for rows in threads.values():
         agents = [r["agent_id"] for r in rows]
         assert agents[:4] == ["planner", "executor", "expresser", "reviewer"] and len(agents) <= 7
-        failed = [
-            (r["agent_id"], r["error_type"], r["error_message"])
-            for r in rows
-            if r["status"] != "ok"
-        ]
-        assert not failed
+        assert not failures(rows)
         # the transitions as they happened: each row's previous agent is the one before it
         assert [r["previous_agent_id"] for r in rows] == [None, *agents[:-1]]
         # after a Reviewer comes the agent it chose
@@ -82,12 +84,7 @@ def test_supervisor(up: Up, tmp_path: Path) -> None:
         agents = [r["agent_id"] for r in rows]
         assert agents[0] == "supervisor" and agents[-1] == "supervisor" and len(agents) <= 10
         assert set(agents) <= {"supervisor", "researcher", "analyst", "writer", "critic"}
-        failed = [
-            (r["agent_id"], r["error_type"], r["error_message"])
-            for r in rows
-            if r["status"] != "ok"
-        ]
-        assert not failed
+        assert not failures(rows)
         for r in rows:  # every worker, Send branches included, comes after the supervisor
             if r["agent_id"] != "supervisor":
                 assert r["previous_agent_id"] == "supervisor"

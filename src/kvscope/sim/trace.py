@@ -44,6 +44,11 @@ def chain_keys(
     return keys, offsets
 
 
+def line_name(n: int) -> str:
+    """The id of the request on line `n` of a trace file that names it none."""
+    return f"line-{n}"
+
+
 class LineNames(Sequence[str]):
     """The ids of requests a trace file names none for: "line-N" for the request on line N,
     made when read (at 100k requests, ~6 MB of strings not kept). Equal to any sequence of the
@@ -64,7 +69,7 @@ class LineNames(Sequence[str]):
     def __getitem__(self, i: int | slice) -> str | LineNames:
         if isinstance(i, slice):
             return LineNames(self.lines[i])
-        return f"line-{self.lines[i]}"
+        return line_name(int(self.lines[i]))
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, LineNames):

@@ -34,7 +34,7 @@ from kvscope.records.blockkey import within
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.chunks import Chunk
 from kvscope.sim.inputs.rows import Columns, Hasher, Read, gathered
-from kvscope.sim.trace import LineNames, Trace
+from kvscope.sim.trace import LineNames, Trace, line_name
 
 
 def field_of(
@@ -163,7 +163,7 @@ def _mooncake_whole(chunk: Chunk, block_size: int) -> Read | None:
     )
     ids: Sequence[str] = (
         [
-            str(r["request_id"]) if "request_id" in r else f"line-{n}"
+            str(r["request_id"]) if "request_id" in r else line_name(n)
             for r, n in zip(rows, chunk.numbers, strict=True)
         ]
         if any("request_id" in r for r in rows)
@@ -186,7 +186,7 @@ def _mooncake_lines(path: Path, chunk: Chunk, block_size: int) -> Read:
             hash_ids = ids_of(path, n, row, "hash_ids", chunk.lines[i])
         _block_size_check(path, n, len(hash_ids), length[-1], block_size)
         keys.append(hash_ids[: length[-1] // block_size].astype(np.uint64))
-        ids.append(str(row.get("request_id", f"line-{n}")))
+        ids.append(str(row["request_id"]) if "request_id" in row else line_name(n))
     counts = np.array([len(k) for k in keys], dtype=np.int64)
     flat = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
     times = (np.array(v, dtype=np.float64) for v in (start, end))

@@ -85,8 +85,9 @@ class Rows:
 
 def _request_ids(chunks: list[Sequence[str]], order: np.ndarray) -> Sequence[str]:
     """The chunks' request ids in `order`: LineNames where every chunk's are, else a tuple."""
-    if all(isinstance(ids, LineNames) for ids in chunks):
-        return LineNames(np.concatenate([ids.lines for ids in chunks])[order])  # type: ignore[attr-defined]
+    lines = [ids.lines for ids in chunks if isinstance(ids, LineNames)]
+    if len(lines) == len(chunks):
+        return LineNames(np.concatenate(lines)[order])
     ids = [v for x in chunks for v in x]
     return tuple(ids[i] for i in order.tolist())
 
