@@ -3,7 +3,8 @@
 `load_source(path, block_size)` reads any of the three into a `Source` (a `Trace` plus what the
 replay needs to say about it):
 
-- a run directory: every successful call with its exact prompt token ids (prompt_tokens.jsonl),
+- a run directory: every successful call with its exact prompt token ids (prompt_tokens.arrow,
+  hashed into block keys a chunk at a time as it is read: run_keys.py; the ids are not kept),
   started when the engine scheduled it (schedule.py) and ended at end_ns, with its agent,
   workflow and previous agent, and the engine priority it carried (eviction hints; a run
   whose calls carried none: no priorities); the run's block size, KV capacity, engine (an
@@ -43,10 +44,11 @@ from kvscope.errors import KvscopeError
 from kvscope.records import formats
 from kvscope.sim.inputs import chunks, jsonl
 from kvscope.sim.inputs.rows import Read, gathered
-from kvscope.sim.trace import Trace, chain_keys
+from kvscope.sim.trace import Trace
 
 if TYPE_CHECKING:  # a run directory's readers load with one (pyarrow, finalize): not for a trace
     from kvscope.records.run_dir import RunDir
+    from kvscope.sim.inputs.run_keys import PromptKeys
 
 KINDS = ("run", "mooncake", "tokens")
 
@@ -155,6 +157,7 @@ def load_run(
     """A run directory's successful calls with token ids, in start order (see module doc)."""
     from kvscope.records.run_dir import RunDir
     from kvscope.records.tokens import TOKENS_ARROW
+    from kvscope.sim.inputs.run_keys import PromptKeys
     from kvscope.sim.inputs.schedule import first_stores, scheduled_start, scheduled_starts
 
     run = RunDir.open(run)
@@ -178,13 +181,13 @@ def load_run(
     if need_capacity and not capacity:
         raise KvscopeError(f"{run_dir}/run.json records no KV capacity: give --capacity-tokens")
 
-    tokens = run.tokens
+    prompts = PromptKeys.read(run_dir, int(bs))  # keys, not token ids, are held
     excluded: dict[str, int] = {}
     kept: list[dict[str, Any]] = []
     left_out: list[float] = []
     read = table.select([c for c in RUN_COLUMNS if c in table.column_names])
     for row in read.to_pylist():
-        reason = _exclusion(row, tokens)
+        reason = _exclusion(row, prompts)
         if reason:
             excluded[reason] = excluded.get(reason, 0) + 1
             if row.get("start_ns") is not None:
@@ -193,7 +196,7 @@ def load_run(
             kept.append(row)
     if not kept:
         raise KvscopeError(f"{run_dir}: no successful call with prompt token ids to replay")
-    ids = [np.asarray(tokens[r["request_uuid"]]) for r in kept]
+    ids = [prompts.of(r["request_uuid"]) for r in kept]
     unclocked = sum(r.get("ttft_ms") is None or r.get("prefill_ms") is None for r in kept)
     if unclocked:
         notes.append(
@@ -203,7 +206,11 @@ def load_run(
     starts = scheduled_starts(kept, first_stores(run_dir), _stored_block_hit(kept, ids, int(bs)))
     order = sorted(range(len(kept)), key=lambda i: (starts[i], kept[i]["end_ns"]))
     kept, starts, ids = [kept[i] for i in order], starts[order], [ids[i] for i in order]
-    keys, offsets = chain_keys(ids, int(bs))
+    lengths = [prompts.tokens(r["request_uuid"]) for r in kept]
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(k) for k in ids], out=offsets[1:])
+    keys = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
+    del ids, prompts  # the trace's keys are a copy in replay order
     measured = [r["cached_tokens"] for r in kept]
     end_s = np.maximum(np.array([r["end_ns"] / 1e9 for r in kept], dtype=np.float64), starts)
     trace = Trace(
@@ -227,7 +234,7 @@ def load_run(
         priorities=_priorities(kept),
         prefill_end_s=_prefill_ends(kept, starts, end_s),
     )
-    mismatch = np.array([len(t) != r["prompt_tokens"] for t, r in zip(ids, kept, strict=True)])
+    mismatch = np.array([n != r["prompt_tokens"] for n, r in zip(lengths, kept, strict=True)])
     return Source(
         "run",
         trace,
@@ -271,12 +278,12 @@ def _prefill_ends(rows: list[dict[str, Any]], starts: np.ndarray, ends: np.ndarr
     return np.maximum(np.minimum(np.where(np.isnan(pe), starts, pe), ends), starts)
 
 
-def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
+def _exclusion(row: dict[str, Any], prompts: PromptKeys) -> str | None:
     from kvscope.records.requests import STATUS_OK
 
     if row.get("status") != STATUS_OK:
         return f"status {row.get('status')}"
-    if row.get("request_uuid") not in tokens:
+    if row.get("request_uuid") not in prompts:
         return "no prompt token ids"
     if row.get("prompt_tokens") is None or row.get("start_ns") is None:
         return "no prompt_tokens or timing"
@@ -284,14 +291,13 @@ def _exclusion(row: dict[str, Any], tokens: dict[str, list[int]]) -> str | None:
 
 
 def _stored_block_hit(
-    rows: list[dict[str, Any]], ids: list[np.ndarray], block_size: int
+    rows: list[dict[str, Any]], keys: list[np.ndarray], block_size: int
 ) -> Callable[[int, int], bool]:
     """after(i, j): call i's prompt holds a full block that call j stored (beyond j's hits)."""
+    from kvscope.sim.inputs.run_keys import common_blocks
 
     def after(i: int, j: int) -> bool:
-        n = min(len(ids[i]), len(ids[j])) // block_size * block_size
-        differ = np.flatnonzero(ids[i][:n] != ids[j][:n])
-        common = (int(differ[0]) if len(differ) else n) // block_size
+        common = common_blocks(keys[i], keys[j])
         return common > (rows[j].get("cached_tokens") or 0) // block_size
 
     return after
