@@ -13,7 +13,9 @@ started request. Requests without an agent tag nothing; a block no agent used ha
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, OrderedDict, deque
+from itertools import islice
 
 import numpy as np
 
@@ -99,18 +101,50 @@ class AgentGroupOrder(EvictionOrder):
             tick[b] = self._clock
         self._n += len(blocks)
 
-    def pop(self) -> int:
+    def _fresh(self) -> None:
+        """The group keys forgotten once the workflows in flight changed."""
         if self._dirty:
             self.refresh()
             self._keys.clear()
             self._dirty = False
-        keys, tick = self._keys, self._tick
+
+    def _key_of(self, g: int) -> int:
+        self._fresh()
+        k = self._keys.get(g)
+        if k is None:
+            k = self._keys[g] = self.group_key(g)
+        return k
+
+    def pop_many(self, m: int) -> list[int]:
+        """`m` victims, those `pop` gives one at a time: nothing changes the keys in between,
+        so the groups are taken by key, and those of equal key merged by release tick (each
+        group is in tick order), not searched again for each block."""
+        by_key: dict[int, list[OrderedDict[int, None]]] = {}
+        for g, od in self._groups.items():
+            by_key.setdefault(self._key_of(g), []).append(od)
+        out: list[int] = []
+        for k in sorted(by_key):
+            ods = by_key[k]
+            merged = ods[0] if len(ods) == 1 else heapq.merge(*ods, key=self._tick.__getitem__)
+            out.extend(islice(merged, m - len(out)))
+            if len(out) == m:
+                break
+        group_of, groups = self._group_of, self._groups
+        for b in out:
+            g = group_of[b]
+            od = groups[g]
+            del od[b]
+            if not od:
+                del groups[g]
+            group_of[b] = -1
+        self._n -= len(out)
+        return out
+
+    def pop(self) -> int:
+        tick = self._tick
         best, best_g = None, -1
         for g, od in self._groups.items():
-            k = keys.get(g)
-            if k is None:
-                k = keys[g] = self.group_key(g)
-            cand = (k, tick[next(iter(od))])
+            cand = (self._key_of(g), tick[next(iter(od))])
             if best is None or cand < best:
                 best, best_g = cand, g
         od = self._groups[best_g]
