@@ -15,7 +15,7 @@ from kvscope.sim.inputs.sources import load_source
 
 
 @pytest.mark.parametrize("size", [1, 3, 16, 64])
-@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.uint32, np.int32])
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.uint32, np.int32, np.uint16])
 def test_compiled_keys_are_blockkeys_keys(size: int, dtype: type) -> None:
     rng = np.random.default_rng(size)
     counts = rng.integers(0, 9 * size, size=300)

@@ -141,7 +141,7 @@ def _read(
     columns = Columns(
         request_ids, start, end, counts, output, labels["agent"], labels["workflow"], given
     )
-    return columns, flat.astype(np.int64), counts, absent  # a copy: writable
+    return columns, flat, counts, absent  # the column's own buffer: the hasher reads it
 
 
 def _first_bad(path: Path, mask: np.ndarray, before: int, what: str) -> None:

@@ -21,8 +21,11 @@ _B, _K1, _K2 = (np.uint64(c) for c in CONSTANTS)
 def keys_of(flat: np.ndarray, counts: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(keys, keys per prompt) of the prompts laid end to end in `flat` (`counts[i]` tokens for
     the i-th; any integer dtype, an id taken modulo 2**64)."""
-    tokens = np.ascontiguousarray(flat).view(np.uint64) if flat.dtype.itemsize == 8 else None
-    if tokens is None:
+    if flat.dtype.kind == "u":  # read as they are (a stream's uint16 or uint32): no wider copy
+        tokens = np.ascontiguousarray(flat)
+    elif flat.dtype.itemsize == 8:
+        tokens = np.ascontiguousarray(flat).view(np.uint64)
+    else:
         tokens = flat.astype(np.int64).view(np.uint64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     blocks = counts // size

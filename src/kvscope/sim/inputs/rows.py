@@ -185,6 +185,7 @@ class Hasher:
 
             keys, per_prompt = keys_of(flat, counts, self.block_size)
         else:
+            flat = flat.astype(np.int64, copy=False)  # numpy's arithmetic: not in uint16
             keys, _, offsets = blockkey.prompt_blocks(Flat(flat, counts), self.block_size, False)
             per_prompt = np.diff(offsets)
         self.blocks += len(keys)

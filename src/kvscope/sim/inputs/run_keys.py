@@ -41,7 +41,7 @@ class PromptKeys:
         done = 0
         for chunk in token_chunks(run_dir):
             lengths = np.where(chunk.valid, chunk.stops - chunk.starts, 0)
-            keys, per_prompt = hasher.keys_of(chunk.flat.astype(np.int64), lengths)
+            keys, per_prompt = hasher.keys_of(chunk.flat, lengths)
             ends = (done + np.cumsum(per_prompt)).tolist()
             for uuid, ok, end, blocks, length in zip(
                 chunk.uuids,
