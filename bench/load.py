@@ -40,7 +40,9 @@ Each load phase also reports CPU per call: the event loop thread's own (time.thr
 the app plus what kvscope does on its hot path), the whole process's (kvscope's threads
 included) and the stand-in engine's, and the garbage collector's pauses per call, full
 collections apart (a process that holds more objects pauses longer in each: `kvscope.profile`
-brings MLflow's modules). `--calls N` runs both load phases closed-loop to N calls instead of for
+brings MLflow's modules), and the event-loop turns a call spans: a call waits a whole turn,
+behind every ready task, at each await of something not ready, so in a saturated loop the turns
+a call spans are what its latency is made of, and one more turn a call is ~+25% latency. `--calls N` runs both load phases closed-loop to N calls instead of for
 a time (`--bare-calls M`: the bare phase to M); `--workflows` takes several counts (e.g. 100
 500), each its pair of load phases.
 
@@ -101,6 +103,7 @@ class Tally:
     failed: int = 0
     invocations: int = 0
     latency_ms: list[float] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)  # event-loop turns each call spanned
     wall_s: float = 0.0
     loop_cpu_s: float = 0.0  # the event loop thread's own CPU time
     process_cpu_s: float = 0.0  # every thread of the process
@@ -111,6 +114,25 @@ class Tally:
 
     def per_call_ms(self, seconds: float) -> float:
         return seconds * 1e3 / self.sent if self.sent else float("nan")
+
+
+LOOP_TURNS = [0]  # turns of the running event loop
+
+
+def count_turns(loop: asyncio.AbstractEventLoop) -> None:
+    """Count the loop's turns in LOOP_TURNS (its private `_run_once`, wrapped on this loop
+    only: a measurement). A call that awaits something not ready waits a whole turn: in a
+    saturated loop, behind every ready task, so turns a call are what its latency is made of."""
+    if getattr(loop, "_counted", False):
+        return
+    run_once = loop._run_once  # type: ignore[attr-defined]
+
+    def counted() -> None:
+        LOOP_TURNS[0] += 1
+        run_once()
+
+    loop._run_once = counted  # type: ignore[attr-defined]
+    loop._counted = True  # type: ignore[attr-defined]
 
 
 class State(TypedDict):
@@ -142,8 +164,10 @@ def graph(client: openai.AsyncOpenAI, model: str, tally: Tally, pacer: Pacer | N
                         {"role": "user", "content": task}]  # fmt: skip
             t0 = await pacer.slot() if pacer else time.perf_counter()
             tally.sent += 1
+            n0 = LOOP_TURNS[0]
             reply = await stream_chat(client, model, messages, MAX_TOKENS)
             tally.latency_ms.append((time.perf_counter() - t0) * 1e3)
+            tally.turns.append(LOOP_TURNS[0] - n0)
             tally.failed += reply.content is None
             return {"notes": [*state["notes"], (reply.content or "")[:40]]}
 
@@ -207,6 +231,7 @@ async def drive(
             tally.gc_full_n += full
 
     gc.callbacks.append(gc_pause)
+    count_turns(asyncio.get_running_loop())
     t0, c0, p0 = time.monotonic(), time.thread_time(), time.process_time()
     ticker = asyncio.create_task(progress())
     await asyncio.gather(*(worker(i) for i in range(workflows)))
@@ -438,6 +463,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
     full_per_1000 = [1e3 * t.gc_full_n / max(t.sent, 1) for t in phases]
     full_ms = [1e3 * t.gc_full_s / max(t.gc_full_n, 1) for t in phases]
     ok = sum(r["status"] == "ok" for r in rows)
+    turns = [statistics.fmean(t.turns or [0]) for t in phases]
     lines = [
         row("seconds", [t.wall_s for t in phases], "{:.0f}", ""),
         row("requests/s sustained", rates, "{:.0f}", "{1:.0%} of bare"),
@@ -452,6 +478,7 @@ def profiled(args: argparse.Namespace, workflows: int, url: str, chat: ChatToken
         row("  ms per full collection", full_ms, "{:.1f}", "{:+.1f}"),
         latency(0.5),
         latency(0.99),
+        row("event-loop turns a call (mean)", turns, "{:.2f}", "{:+.2f}"),
         row("calls sent", [t.sent for t in phases], "{:.0f}", ""),
         row("calls failed", [t.failed for t in phases], "{:.0f}", ""),
         row("graph invocations", [t.invocations for t in phases], "{:.0f}", ""),

@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import httpx2
+import openai
+import openai._streaming_cleanup as streaming_cleanup
 import pytest
 from vllm_stub import USAGE_EVENT, Stub
 
@@ -107,3 +109,37 @@ def test_a_reply_closed_early_is_an_incomplete_row(lib: Any, asynchronous: bool)
         ("error", "incomplete_stream"),
         ("ok", None),
     ]
+
+
+def test_the_sdks_drain_after_done_finds_nothing_more_to_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After [DONE] the OpenAI SDK drains the response by reading its stream again, awaiting an
+    anyio checkpoint (a turn of the app's event loop) for each chunk it finds: through kvscope it
+    finds none, as without it (an empty last chunk cost each call a loop turn under load)."""
+    drained: list[bool] = []
+
+    async def checkpoint() -> None:
+        drained[-1] = True
+
+    monkeypatch.setattr(streaming_cleanup, "checkpoint", checkpoint)
+
+    async def chat(base: str) -> str:
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x") as client:
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    rows: list[RequestRecord] = []
+    texts = []
+    with Stub(delay_s=0.002).serve() as base:
+        for profiling in (False, True):
+            drained.append(False)
+            with intercepting(base, rows) if profiling else nullcontext():
+                texts.append(asyncio.run(chat(base)))
+    assert texts[0] == texts[1] and texts[0]
+    assert drained == [False, False]
+    [r] = rows
+    assert r.status == "ok"
