@@ -42,9 +42,10 @@ included) and the stand-in engine's, and the garbage collector's pauses per call
 collections apart (a process that holds more objects pauses longer in each: `kvscope.profile`
 brings MLflow's modules), and the event-loop turns a call spans: a call waits a whole turn,
 behind every ready task, at each await of something not ready, so in a saturated loop the turns
-a call spans are what its latency is made of, and one more turn a call is ~+25% latency. `--calls N` runs both load phases closed-loop to N calls instead of for
-a time (`--bare-calls M`: the bare phase to M); `--workflows` takes several counts (e.g. 100
-500), each its pair of load phases.
+a call spans are what its latency is made of, and one more turn a call is ~+25% latency.
+`--calls N` runs both load phases closed-loop to N calls instead of for a time (`--bare-calls
+M`: the bare phase to M); `--workflows` takes several counts (e.g. 100 500), each its pair of
+load phases.
 
 An attached engine's model folder is unknown to kvscope, so no tokenizer would be used: with
 `--tokenize` (default) the session is handed the embedded model's, as a launched vLLM's would
