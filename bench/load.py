@@ -534,24 +534,31 @@ def print_rounds(workflows: int, rounds: list[list[Tally]]) -> None:
     for name in names[1:]:
         table.add_column(f"{name} loop CPU added (ms)", justify="right")
         table.add_column(f"{name} p99 added", justify="right")
+        table.add_column(f"{name} loop turns added", justify="right")
     ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
     added: dict[str, list[float]] = {n: [] for n in names[1:]}
+    p99_added: dict[str, list[float]] = {n: [] for n in names[1:]}
     for i, phases in enumerate(rounds, 1):
         rates = [t.sent / t.wall_s for t in phases]
         loop = [t.per_call_ms(t.loop_cpu_s) for t in phases]
         p99 = [pct(t.latency_ms, 0.99) for t in phases]
+        turns = [statistics.fmean(t.turns or [0]) for t in phases]
         cells = [f"{r:.0f}" for r in rates[:1]]
         cells += [f"{r:.0f} ({r / rates[0]:.0%})" for r in rates[1:]]
-        for name, r, c, q in zip(names[1:], rates[1:], loop[1:], p99[1:], strict=True):
+        for k, name in enumerate(names[1:], 1):
+            r, c, q = rates[k], loop[k], p99[k]
             cells += [f"{c - loop[0]:+.2f}", f"{q / p99[0] - 1:+.0%}"]
+            cells.append(f"{turns[k] - turns[0]:+.2f}")
             ratios[name].append(r / rates[0])
             added[name].append(c - loop[0])
+            p99_added[name].append(q / p99[0] - 1)
         table.add_row(str(i), *cells)
     console.print(table)
     for name in names[1:]:
         console.print(f"{name}: median {statistics.median(ratios[name]):.0%} of bare, "
                       f"loop CPU added median {statistics.median(added[name]):+.2f} ms "
-                      f"(range {min(added[name]):+.2f} .. {max(added[name]):+.2f})")  # fmt: skip
+                      f"(range {min(added[name]):+.2f} .. {max(added[name]):+.2f}), p99 added "
+                      f"median {statistics.median(p99_added[name]):+.0%}")  # fmt: skip
 
 
 def print_latency(latency: dict[str, list[float]]) -> None:
