@@ -1,5 +1,6 @@
-"""A JSONL trace read a chunk at a time (sim/inputs/chunks.py): every plain list is read by numpy
-a chunk at once, with its line's number; a chunk with any other form is parsed line by line."""
+"""A JSONL trace read a chunk at a time (sim/inputs/chunks.py): every plain list is read a chunk
+at once, with its line's number; a chunk with any other form is parsed line by line. Each test
+runs with both readers of a chunk's lists: numpy's and the compiled one."""
 
 import json
 from pathlib import Path
@@ -12,6 +13,13 @@ from kvscope.errors import KvscopeError
 from kvscope.sim.inputs import chunks
 from kvscope.sim.inputs.sources import Source, load_source
 from kvscope.sim.trace import LineNames
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["numpy", "compiled"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    monkeypatch.setattr(chunks, "kernel_for", lambda _path: request.param)
+    return bool(request.param)
+
 
 ROWS = [
     {"timestamp": i, "input_length": 4 * len(ids), "output_length": 1, "hash_ids": ids}
@@ -68,7 +76,7 @@ def test_plain_lists_are_read_a_chunk_at_once_with_their_line_numbers(
 )
 @pytest.mark.parametrize(("lift", "dtype"), [("hash_ids", np.uint64), ("token_ids", np.int64)])
 def test_a_list_numpy_cannot_read_exactly_sends_its_chunk_line_by_line(
-    tmp_path: Path, text: bytes, ids: list | None, lift: str, dtype: type
+    tmp_path: Path, text: bytes, ids: list | None, lift: str, dtype: type, kernel: bool
 ) -> None:
     good = b'{"timestamp":0,"input_length":8,"output_length":1,"%s":[1,2]}\n' % lift.encode()
     path = tmp_path / "m.jsonl"
@@ -78,7 +86,11 @@ def test_a_list_numpy_cannot_read_exactly_sends_its_chunk_line_by_line(
             list(chunks.read(path, lift, dtype))
         return
     (chunk,) = chunks.read(path, lift, dtype)
-    assert chunk.ids is None and list(chunk.numbers) == [1, 2, 3]
+    assert list(chunk.numbers) == [1, 2, 3]
+    if kernel and dtype == np.uint64 and ids == [(1 << 64) - 1]:  # no saturation: read at once
+        assert chunk.ids is not None and chunk.ids.tolist() == [1, 2, *ids, 1, 2]
+        return
+    assert chunk.ids is None
     assert [list(r[lift]) for r in chunk.rows] == [[1, 2], ids, [1, 2]]
 
 

@@ -65,3 +65,24 @@ def test_an_arrow_replay_does_not_load_pandas(tmp_path: Path) -> None:
     cached, pandas = out.stdout.split()
     assert int(cached) > 0  # requests 2-5 find the first two blocks
     assert pandas == "False"
+
+
+READ_CHILD = """
+import sys
+from pathlib import Path
+from kvscope.sim.inputs.sources import trace_reads
+reads = trace_reads(Path(sys.argv[1]), 4)
+print(sum(len(keys) for _, keys, _ in reads.chunks), "numba" in sys.modules)
+"""
+
+
+def test_a_small_jsonl_trace_is_read_without_loading_numba(tmp_path: Path) -> None:
+    """numba's ~0.5 s of loading is paid for a large file's lists only (sim/inputs/chunks.py)."""
+    rows = [{"timestamp": i, "input_length": 16, "output_length": 1, "hash_ids": [1, 2, 3, i]}
+            for i in range(5)]  # fmt: skip
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "-c", READ_CHILD, str(path)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    keys, numba = out.stdout.split()
+    assert int(keys) == 20 and numba == "False"

@@ -30,6 +30,11 @@ def worth_compiling(blocks: int) -> bool:
     return blocks >= COMPILED_FROM_BLOCKS
 
 
+def loaded() -> bool:
+    """Whether numba is loaded in this process already (then compiling costs no start-up)."""
+    return "numba" in sys.modules
+
+
 def compiled(**options: Any) -> Callable[[F], F]:
     """numba.njit with its on-disk cache; without one (numba finds no writable directory for
     it: beside this module, nor its user cache), compiled anew in each process instead."""

@@ -1,16 +1,18 @@
-"""A JSONL trace read a chunk of lines at a time, its id lists parsed by numpy a chunk at once.
+"""A JSONL trace read a chunk of lines at a time, its id lists parsed a chunk at once.
 
 `read(path, lift, dtype)` yields `Chunk`s of about CHUNK_BYTES of whole lines. Each line is
 parsed by orjson with the list of ids in field `lift` emptied; the chunk's lists, when every one
 is plain decimal integers (digits, commas and spaces, as orjson and json.dumps write them), are
-joined and read by one `np.fromstring` into a flat array with a count per line, no Python int
-per id. A chunk where that does not hold (another form, a line that is not JSON, a field that
-is not where it seemed) comes with `ids` None and each line parsed whole (sim/inputs/jsonl.py
-`lines`, which refuses what is wrong with the line's number): the readers check such a chunk
-line by line. Columns are taken from a chunk's objects whole (`column`): a type check over
-the set of types, never a value at a time in Python. A compressed file (gzip, bzip2, xz) is
-read through its decompressor, a chunk at a time (records/formats.open_bytes); a UTF-8 byte
-order mark before the first line is skipped.
+joined and read at once into a flat array with a count per line, no Python int per id: by
+compiled code (sim/inputs/list_kernel.py) where numba is loaded already (a replay large enough
+to compile its pool) or the file is large enough to pay for loading it, else by one
+`np.fromstring` (both give the same ids). A chunk where that does not hold (another form, a
+line that is not JSON, a field that is not where it seemed) comes with `ids` None and each line
+parsed whole (sim/inputs/jsonl.py `lines`, which refuses what is wrong with the line's number):
+the readers check such a chunk line by line. Columns are taken from a chunk's objects whole
+(`column`): a type check over the set of types, never a value at a time in Python. A compressed
+file (gzip, bzip2, xz) is read through its decompressor, a chunk at a time
+(records/formats.open_bytes); a UTF-8 byte order mark before the first line is skipped.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ import orjson
 
 from kvscope.errors import KvscopeError
 from kvscope.records import formats
+from kvscope.sim.caches import compiled
 
 CHUNK_BYTES = 1 << 20
+# From this size on, lists are read by the compiled reader even where numba is not loaded yet:
+# its ~0.5 s CPU of loading is then less than what np.fromstring's ~25 ns an id would cost more.
+KERNEL_FROM_BYTES = 128 << 20
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first: skipped
 _PLAIN = b"0123456789, "  # what a list read by np.fromstring may hold
 
@@ -52,6 +58,7 @@ class Chunk:
 
 def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
     """The file's non-blank lines, a chunk at a time (see the module doc)."""
+    kernel = kernel_for(path)
     for first, raw in _line_blocks(path):
         kept = [i for i, line in enumerate(raw) if line.strip()]
         if len(kept) == len(raw):
@@ -60,7 +67,18 @@ def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
         else:
             numbers, lines = [first + i for i in kept], [raw[i] for i in kept]
         if lines:
-            yield _lifted(numbers, lines, lift, dtype) or _whole(path, numbers, lines, lift, dtype)
+            lifted = _lifted(numbers, lines, lift, dtype, kernel)
+            yield lifted or _whole(path, numbers, lines, lift, dtype)
+
+
+def kernel_for(path: Path) -> bool:
+    """Whether `path`'s lists are read by the compiled reader (see the module doc)."""
+    if compiled.loaded():
+        return True
+    try:
+        return path.stat().st_size >= KERNEL_FROM_BYTES
+    except OSError:  # _opened says why it cannot be read
+        return False
 
 
 def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
@@ -80,14 +98,21 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
         yield first, [carry]
 
 
-def _lifted(numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type) -> Chunk | None:
+def _lifted(
+    numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type, kernel: bool
+) -> Chunk | None:
     """The chunk with its lists read at once, or None where a line does not allow it."""
     key = b'"' + lift.encode() + b'"'
     cut = [_list_of(line, key) for line in lines]
     if None in cut:
         return None
     texts = [c[1] for c in cut]  # type: ignore[index]
-    read = _ids(texts, dtype)
+    if kernel:
+        from kvscope.sim.inputs.list_kernel import read_lists  # loads numba: only when used
+
+        read = read_lists(texts, dtype)
+    else:
+        read = _ids(texts, dtype)
     if read is None:
         return None
     try:
