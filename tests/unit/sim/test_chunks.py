@@ -138,6 +138,19 @@ def test_a_bad_line_is_named_whichever_chunk_it_is_in(
     assert str(err.value) == f"{path}:14: field 'output_length' is negative (-3)"
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
+def test_a_line_broken_around_a_plain_list_is_named(
+    tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk_bytes)
+    lines = [json.dumps(r, separators=(",", ":")) for r in ROWS * 3]
+    lines[8] = lines[8][:-1]  # line 9 without its closing brace; its list is plain
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(KvscopeError, match=rf"^{path}:9: not JSON"):
+        list(chunks.read(path, "hash_ids", np.uint64))
+
+
 @pytest.mark.parametrize(
     ("line", "rid"),
     [

@@ -3,15 +3,16 @@
 `read(path, lift, dtype)` yields `Chunk`s of about CHUNK_BYTES of whole lines. Each line is
 parsed by orjson with the list of ids in field `lift` emptied; the chunk's lists, when every one
 is plain decimal integers (digits, commas and spaces, as orjson and json.dumps write them), are
-joined and read at once into a flat array with a count per line, no Python int per id: by
-compiled code (sim/inputs/list_kernel.py) where numba is loaded already (a replay large enough
-to compile its pool) or the file is large enough to pay for loading it, else by one
-`np.fromstring` (both give the same ids). A chunk where that does not hold (another form, a
-line that is not JSON, a field that is not where it seemed) comes with `ids` None and each line
-parsed whole (sim/inputs/jsonl.py `lines`, which refuses what is wrong with the line's number):
-the readers check such a chunk line by line. Columns are taken from a chunk's objects whole
-(`column`): a type check over the set of types, never a value at a time in Python. A compressed
-file (gzip, bzip2, xz) is read through its decompressor, a chunk at a time
+read at once into a flat array with a count per line, no Python int per id: by compiled code
+(sim/inputs/list_kernel.py: the lists found in the chunk's bytes and read in one pass) where
+numba is loaded already (a replay large enough to compile its pool) or the file is large enough
+to pay for loading it, else by numpy (the lines split, their lists cut out, joined and read by
+one `np.fromstring`); both give the same ids. A chunk where that does not hold (another form,
+a line that is not JSON, a field that is not where it seemed) comes with `ids` None and each
+line parsed whole (sim/inputs/jsonl.py `lines`, which refuses what is wrong with the line's
+number): the readers check such a chunk line by line. Columns are taken from a chunk's objects
+whole (`column`): a type check over the set of types, never a value at a time in Python. A
+compressed file (gzip, bzip2, xz) is read through its decompressor, a chunk at a time
 (records/formats.open_bytes); a UTF-8 byte order mark before the first line is skipped.
 """
 
@@ -43,11 +44,11 @@ class Chunk:
 
     `ids`, `counts`: the lifted field's ids, flat, and how many each row has (then
     rows[i][lift] is []); None: not lifted, rows[i][lift] is as the line has it (an array where
-    jsonl.lifted_ids read the line's own list).
+    jsonl.lifted_ids read the line's own list). `lines`: each row's line, as bytes.
     """
 
     numbers: Sequence[int]
-    lines: list[bytes]
+    lines: Sequence[bytes]
     rows: list[dict[str, Any]]
     ids: np.ndarray | None = None
     counts: np.ndarray | None = None
@@ -56,19 +57,42 @@ class Chunk:
         return len(self.rows)
 
 
+class _Lines(Sequence[bytes]):
+    """The lines of a chunk found by the compiled reader, cut from its text when asked for (a
+    lifted chunk's rarely are)."""
+
+    def __init__(self, text: bytes, spans: np.ndarray) -> None:
+        self.text, self.spans = text, spans
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, i: int) -> bytes:  # type: ignore[override]
+        _, start, _, _, end = self.spans[i]
+        return self.text[start:end]
+
+
 def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
     """The file's non-blank lines, a chunk at a time (see the module doc)."""
-    kernel = kernel_for(path)
-    for first, raw in _line_blocks(path):
-        kept = [i for i, line in enumerate(raw) if line.strip()]
-        if len(kept) == len(raw):
-            numbers: Sequence[int] = range(first, first + len(raw))
-            lines = raw
-        else:
-            numbers, lines = [first + i for i in kept], [raw[i] for i in kept]
-        if lines:
-            lifted = _lifted(numbers, lines, lift, dtype, kernel)
-            yield lifted or _whole(path, numbers, lines, lift, dtype)
+    kernel, key = kernel_for(path), b'"' + lift.encode() + b'"'
+    first, carry = 1, b""
+    with _opened(path) as f:
+        while data := _read(f, path, first):
+            if first == 1 and not carry:
+                data = data.removeprefix(BOM)
+            cut = data.rfind(b"\n") + 1  # after it: the start of a line the next read goes on with
+            if not cut:
+                carry += data
+                continue
+            text, carry = carry + data[:cut], data[cut:]
+            chunk, lines = _chunk(path, first, text, key, lift, dtype, kernel)
+            first += lines
+            if chunk is not None:
+                yield chunk
+    if carry:
+        chunk, _ = _chunk(path, first, carry + b"\n", key, lift, dtype, kernel)
+        if chunk is not None:
+            yield chunk
 
 
 def kernel_for(path: Path) -> bool:
@@ -81,38 +105,55 @@ def kernel_for(path: Path) -> bool:
         return False
 
 
-def _line_blocks(path: Path) -> Iterator[tuple[int, list[bytes]]]:
-    """(number of the first line, the lines) for about CHUNK_BYTES of whole lines at a time."""
-    first, carry = 1, b""
-    with _opened(path) as f:
-        while data := _read(f, path, first):
-            if first == 1 and not carry:
-                data = data.removeprefix(BOM)
-            lines = data.split(b"\n")  # the last: the start of a line the next read goes on with
-            lines[0] = carry + lines[0] if carry else lines[0]
-            carry = lines.pop()
-            if lines:
-                yield first, lines
-                first += len(lines)
-    if carry:
-        yield first, [carry]
+def _chunk(
+    path: Path, first: int, text: bytes, key: bytes, lift: str, dtype: type, kernel: bool
+) -> tuple[Chunk | None, int]:
+    """(the chunk of `text`'s lines, numbered from `first`; None where all are blank, the
+    number of lines in `text`). `text`: whole lines, each ended by a newline."""
+    if kernel and (found := _found(first, text, key, lift, dtype)):
+        chunk, size = found
+        return chunk if len(chunk) else None, size
+    raw = text.split(b"\n")
+    raw.pop()  # after the last newline: nothing
+    kept = [i for i, line in enumerate(raw) if line.strip()]
+    if len(kept) == len(raw):
+        numbers: Sequence[int] = range(first, first + len(raw))
+        lines = raw
+    else:
+        numbers, lines = [first + i for i in kept], [raw[i] for i in kept]
+    if not lines:
+        return None, len(raw)
+    chunk = _lifted(numbers, lines, key, lift, dtype) or _whole(path, numbers, lines, lift, dtype)
+    return chunk, len(raw)
+
+
+def _found(first: int, text: bytes, key: bytes, lift: str, dtype: type) -> tuple[Chunk, int] | None:
+    """(the chunk with its lists found and read by compiled code, the number of lines in
+    `text`), or None where a line does not allow it."""
+    from kvscope.sim.inputs.list_kernel import find_lists  # loads numba: only when used
+
+    found = find_lists(text, key, dtype)
+    if found is None:
+        return None
+    spans, ids, counts, size = found
+    try:
+        rows = [orjson.loads(text[s : o + 1] + text[c:e]) for _, s, o, c, e in spans.tolist()]
+    except orjson.JSONDecodeError:
+        return None
+    if any(type(r) is not dict or r.get(lift) != [] for r in rows):
+        return None
+    numbers = range(first, first + size) if len(rows) == size else (spans[:, 0] + first).tolist()
+    return Chunk(numbers, _Lines(text, spans), rows, ids, counts), size
 
 
 def _lifted(
-    numbers: Sequence[int], lines: list[bytes], lift: str, dtype: type, kernel: bool
+    numbers: Sequence[int], lines: list[bytes], key: bytes, lift: str, dtype: type
 ) -> Chunk | None:
-    """The chunk with its lists read at once, or None where a line does not allow it."""
-    key = b'"' + lift.encode() + b'"'
+    """The chunk with its lists read at once by numpy, or None where a line does not allow it."""
     cut = [_list_of(line, key) for line in lines]
     if None in cut:
         return None
-    texts = [c[1] for c in cut]  # type: ignore[index]
-    if kernel:
-        from kvscope.sim.inputs.list_kernel import read_lists  # loads numba: only when used
-
-        read = read_lists(texts, dtype)
-    else:
-        read = _ids(texts, dtype)
+    read = _ids([c[1] for c in cut], dtype)  # type: ignore[index]
     if read is None:
         return None
     try:
