@@ -22,11 +22,21 @@ splits device hits, host hits and misses per agent.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
 from kvscope.cli.common import console, friendly
 from kvscope.cli.report import TRACKING_OPTION, logged
@@ -59,6 +69,31 @@ def replay_with_progress(
             source, source_path, plan,
             lambda p, c: bar.update(task, advance=1, description=f"{p} @ {c:,}"), jobs,
         )  # fmt: skip
+
+
+READ_BAR_FROM_BYTES = 8 << 20  # a JSONL trace this large (or compressed) shows a reading bar
+
+
+@contextmanager
+def reading_bar(source: Path) -> Iterator[None]:
+    """A progress bar of the bytes of a JSONL trace read so far (sim/inputs/chunks.watching:
+    of a compressed one, its text read so far, with no total), on a terminal, for a file large
+    enough to take a while; a run directory or an Arrow trace shows none."""
+    show = console.is_terminal and source.is_file() and not formats.is_arrow(source)
+    packed = show and formats.compressed(source)
+    size = source.stat().st_size if show else 0
+    if not show or (size < READ_BAR_FROM_BYTES and not packed):
+        yield
+        return
+    from kvscope.sim.inputs.chunks import watching
+
+    name = f"reading {source.name}" + (" (its text)" if packed else "")
+    columns = (TextColumn(name), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("", total=None if packed else size)
+        with watching(lambda n: bar.advance(task, n)):
+            yield
 
 
 STREAM_FROM_BYTES = 32 << 20  # a trace file this large is replayed as it is read, where it can
@@ -245,15 +280,17 @@ def replay(
         raise KvscopeError(f"--jobs must be at least 1, got {jobs}")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
     plain = not (any(v for v in tier.values()) or to_mooncake or to_tokens)
-    doc = (
-        streamed(source, block_size, policy, capacity_tokens, cache_outputs, in_request_order)
-        if plain
-        else None
-    )
+    with reading_bar(source):  # a streamed replay reads the trace as it replays it
+        doc = (
+            streamed(source, block_size, policy, capacity_tokens, cache_outputs, in_request_order)
+            if plain
+            else None
+        )
+        if doc is None:
+            loaded = load_source(source, block_size, need_capacity=capacity_tokens is None)
     if doc is None:
         from kvscope.sim.grid import default_jobs
 
-        loaded = load_source(source, block_size, need_capacity=capacity_tokens is None)
         if to_tokens is not None and loaded.run_dir is None:
             raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
         doc = replay_with_progress(

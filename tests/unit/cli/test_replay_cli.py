@@ -429,3 +429,28 @@ def test_a_run_that_records_no_capacity_is_refused_before_its_calls_are_read(run
     assert "records no KV capacity: give --capacity-tokens" in result.output
     ok = runner.invoke(app, ["replay", str(run), "--policy", "lru", "--capacity-tokens", "4096"])
     assert "records no KV capacity" not in ok.output
+
+
+def test_a_large_jsonl_trace_is_read_under_a_bar_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reading bar (cli/replay.reading_bar) follows the bytes read; on a terminal only."""
+    import io
+
+    from rich.console import Console
+
+    from kvscope.cli import replay as replay_cli
+
+    rows = [{"timestamp": i, "input_length": 48, "output_length": 2, "hash_ids": [1, 2, i]}
+            for i in range(200)]  # fmt: skip
+    path = write_jsonl(rows, tmp_path / "m.jsonl")
+    out = io.StringIO()
+    monkeypatch.setattr(replay_cli, "READ_BAR_FROM_BYTES", 0)
+    monkeypatch.setattr(replay_cli, "console", Console(file=out, force_terminal=True, width=100))
+    with replay_cli.reading_bar(path):
+        load_source(path, block_size=16)
+    kb = path.stat().st_size / 1000  # rich's decimal kilobytes: the last frame has all read
+    assert "reading m.jsonl" in out.getvalue() and f"{kb:.1f}/{kb:.1f} kB" in out.getvalue()
+    monkeypatch.setattr(replay_cli, "console", Console(file=io.StringIO(), force_terminal=False))
+    with replay_cli.reading_bar(path):  # not a terminal: no bar, the trace read all the same
+        assert len(load_source(path, block_size=16).trace) == 200

@@ -249,3 +249,27 @@ def test_mooncake_lines_without_ids_are_named_by_their_line(
     assert ids == tuple(expected) and list(ids) == expected and ids[1] == expected[1]
     assert isinstance(ids, LineNames) is (named is None)
     assert list(ids[1:3]) == expected[1:3] and ids.index(expected[2]) == 2
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_watcher_is_told_every_byte_of_the_text_read(
+    tmp_path: Path, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a progress bar follows (chunks.watching): the text's bytes, chunk by chunk; a
+    compressed file's text decompressed."""
+    import gzip
+
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 64)
+    plain = _write(tmp_path / "m.jsonl", ROWS * 3, (",", ":"))
+    text = plain.read_bytes()
+    path = plain
+    if packed:
+        path = tmp_path / "m.jsonl.gz"
+        path.write_bytes(gzip.compress(text))
+    told: list[int] = []
+    with chunks.watching(told.append):
+        read = list(chunks.read(path, "hash_ids", np.uint64))
+    assert sum(told) == len(text) and len(told) > 1
+    assert sum(len(c) for c in read) == len(ROWS) * 3
+    list(chunks.read(path, "hash_ids", np.uint64))  # outside it, nobody is told
+    assert sum(told) == len(text)

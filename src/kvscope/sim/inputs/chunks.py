@@ -18,7 +18,9 @@ compressed file (gzip, bzip2, xz) is read through its decompressor, a chunk at a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,6 +38,7 @@ CHUNK_BYTES = 1 << 20
 KERNEL_FROM_BYTES = 128 << 20
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first: skipped
 _PLAIN = b"0123456789, "  # what a list read by np.fromstring may hold
+_WATCH: ContextVar[Callable[[int], None] | None] = ContextVar("kvscope_read_watch", default=None)
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,25 @@ class _Lines(Sequence[bytes]):
         return self.text[start:end]
 
 
+@contextmanager
+def watching(on_bytes: Callable[[int], None]) -> Iterator[None]:
+    """Within it, `read` reports the bytes of each chunk it reads (a compressed file's text,
+    decompressed) to `on_bytes`: how a progress bar follows a trace being read."""
+    token = _WATCH.set(on_bytes)
+    try:
+        yield
+    finally:
+        _WATCH.reset(token)
+
+
 def read(path: Path, lift: str, dtype: type = np.int64) -> Iterator[Chunk]:
     """The file's non-blank lines, a chunk at a time (see the module doc)."""
     kernel, key = kernel_for(path), b'"' + lift.encode() + b'"'
-    first, carry = 1, b""
+    first, carry, watch = 1, b"", _WATCH.get()
     with _opened(path) as f:
         while data := _read(f, path, first):
+            if watch is not None:
+                watch(len(data))
             if first == 1 and not carry:
                 data = data.removeprefix(BOM)
             cut = data.rfind(b"\n") + 1  # after it: the start of a line the next read goes on with
