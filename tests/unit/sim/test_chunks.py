@@ -273,3 +273,25 @@ def test_a_watcher_is_told_every_byte_of_the_text_read(
     assert sum(len(c) for c in read) == len(ROWS) * 3
     list(chunks.read(path, "hash_ids", np.uint64))  # outside it, nobody is told
     assert sum(told) == len(text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"meta":{"token_ids":[7,8]},"token_ids":[],"request_id":"a"}',
+        b'{"meta": {"token_ids": [7, 8]}, "token_ids": [], "request_id": "a"}',
+        b'{"token_ids": [], "meta": {"token_ids":[7,8]}, "request_id": "a"}',
+    ],
+)
+def test_a_nested_field_of_the_lists_name_is_not_taken_for_an_empty_list(
+    tmp_path: Path, line: bytes
+) -> None:
+    """Emptying the first list of that name and finding the top-level field empty proves
+    nothing where the field's own list is empty: the name must be in the line once."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(line + b"\n" + line + b"\n")
+    for chunk in chunks.read(path, "token_ids", np.int64):
+        counts = chunk.counts.tolist() if chunk.counts is not None else [None] * len(chunk)
+        for row, count in zip(chunk.rows, counts, strict=True):
+            assert row["meta"] == {"token_ids": [7, 8]}
+            assert count in (0, None) and list(row["token_ids"]) == []

@@ -220,13 +220,15 @@ def _ids(texts: list[bytes], dtype: type) -> tuple[np.ndarray, np.ndarray] | Non
 
 def _list_of(line: bytes, key: bytes) -> tuple[bytes, bytes, bytes] | None:
     """(the line up to the list's `[`, the list's text, from its `]` on) for the list that
-    follows `key` (`"name"`, a colon, a `[`); None when there is none."""
+    follows `key` (`"name"`, a colon, a `[`); None when there is none, or where `key` is
+    in the line again (a nested object's field of that name, which the top-level check could
+    not tell apart where the field's own list is empty)."""
     a = line.find(key)
     if a < 0:
         return None
     b = line.find(b"[", a)
     c = line.find(b"]", b)
-    if b < 0 or c < 0 or line[a + len(key) : b].strip() != b":":
+    if b < 0 or c < 0 or line[a + len(key) : b].strip() != b":" or line.find(key, c) >= 0:
         return None
     return line[: b + 1], line[b + 1 : c], line[c:]
 
@@ -300,14 +302,15 @@ def lifted_ids(line: bytes, key: bytes, dtype: type = np.int64) -> tuple[np.ndar
     """(the ids of the list that follows `key` (`"name":[`) as `dtype` (int64 or uint64), the
     line with the list emptied) when that list is compact decimal integers (digits between
     single commas) below dtype's maximum; else (None, line): the caller parses it whole (and
-    refuses what is wrong)."""
+    refuses what is wrong). The field's name must be in the line once (see `_list_of`)."""
     a = line.find(key)
-    if a < 0:
+    name = key[: key.rindex(b'"') + 1]
+    if a < 0 or line.find(name) < a:
         return None, line
     a += len(key)
     b = line.find(b"]", a)
     text = line[a:b]
-    if b < 0 or text.translate(None, b"0123456789,"):
+    if b < 0 or text.translate(None, b"0123456789,") or line.find(name, b) >= 0:
         return None, line
     if not text:
         ids = np.zeros(0, dtype=dtype)

@@ -1,21 +1,22 @@
 """A chunk's id lists found and read by compiled code: one pass over its bytes, no copy.
 
 `find_lists(text, key, dtype)` takes whole lines of a JSONL file (`text`, each line ended by a
-newline) and, on each line that is not blank, finds the first `key` (`"name"`), then a colon
-and a `[`, and reads the list up to its `]` into one flat array of `dtype` (int64 or uint64)
-with a count per line: what sim/inputs/chunks.py's numpy path does by splitting the lines,
-cutting the lists out, joining them and calling `np.fromstring`, in one pass at ~0.7-1.4 ns
-a byte (~7 ns a token id of up to five digits) instead of four copies and ~25 ns an id. It
-returns, per line read, its index among the text's lines and where it starts, its list's `[`
-and `]`, and where it ends, so the caller parses the rest of the line (orjson) and checks that
-the list was the field's own.
+newline) and, on each line that is not blank, finds `key` (`"name"`, once in the line), then a
+colon and a `[`, and reads the list up to its `]` into one flat array of `dtype` (int64 or
+uint64) with a count per line: what sim/inputs/chunks.py's numpy path does by splitting the
+lines, cutting the lists out, joining them and calling `np.fromstring`, in one pass at
+~0.7-1.4 ns a byte (~7 ns a token id of up to five digits) instead of four copies and ~25 ns
+an id. It returns, per line read, its index among the text's lines and where it starts, its
+list's `[` and `]`, and where it ends, so the caller parses the rest of the line (orjson) and
+checks that the list was the field's own (the name only once in the line: a nested object's
+field of that name could otherwise pass for it where the field's own list is empty).
 
 It reads plain lists only: decimal integers from 0 to dtype's maximum, separated by commas,
 with spaces around them (json.dumps's ", "); an empty list is allowed. Anything else on any
-line (no such key, a sign, a fraction, an exponent, `true`, a string, an empty element, an
-integer beyond the maximum) makes it return None, and the caller reads the chunk another way,
-which refuses what is wrong with the line's number. numba is loaded on first use
-(sim/caches/compiled.py).
+line (no such key or the key twice, a sign, a fraction, an exponent, `true`, a string, an
+empty element, an integer beyond the maximum) makes it return None, and the caller reads the
+chunk another way, which refuses what is wrong with the line's number. numba is loaded on
+first use (sim/caches/compiled.py).
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def _scan(
             spans[rows, 1] = start
             spans[rows, 2] = k
             spans[rows, 3] = close
+            if _find(text, key, close) >= 0:
+                return -1, 0, 0  # the name again: a nested field's list may have been taken
             k = close
             while text[k] != _NL:
                 k += 1
