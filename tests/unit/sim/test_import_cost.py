@@ -22,14 +22,19 @@ print(int(result.cached_blocks.sum()), *loaded.values(), dot)
 """
 
 
-def test_a_jsonl_replay_loads_neither_pyarrow_nor_scipy_linalg(tmp_path: Path) -> None:
+def _child_on_a_small_trace(tmp_path: Path, child: str) -> list[str]:
+    """What `child` prints, run on a 5-request Mooncake trace (block size 4)."""
     rows = [{"timestamp": i, "input_length": 16, "output_length": 1, "hash_ids": [1, 2, 3, i]}
             for i in range(5)]  # fmt: skip
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True,
                          text=True, check=True)  # fmt: skip
-    cached, pyarrow, linalg, compiled, dot = out.stdout.split()
+    return out.stdout.split()
+
+
+def test_a_jsonl_replay_loads_neither_pyarrow_nor_scipy_linalg(tmp_path: Path) -> None:
+    cached, pyarrow, linalg, compiled, dot = _child_on_a_small_trace(tmp_path, CHILD)
     assert int(cached) > 0  # the kernel ran: requests 2-5 find blocks 1-3
     assert (pyarrow, linalg, compiled) == ("False", "False", "True")
     assert float(dot) == 3.0
@@ -78,11 +83,5 @@ print(sum(len(keys) for _, keys, _ in reads.chunks), "numba" in sys.modules)
 
 def test_a_small_jsonl_trace_is_read_without_loading_numba(tmp_path: Path) -> None:
     """numba's ~0.5 s of loading is paid for a large file's lists only (sim/inputs/chunks.py)."""
-    rows = [{"timestamp": i, "input_length": 16, "output_length": 1, "hash_ids": [1, 2, 3, i]}
-            for i in range(5)]  # fmt: skip
-    path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = subprocess.run([sys.executable, "-c", READ_CHILD, str(path)], capture_output=True,
-                         text=True, check=True)  # fmt: skip
-    keys, numba = out.stdout.split()
+    keys, numba = _child_on_a_small_trace(tmp_path, READ_CHILD)
     assert int(keys) == 20 and numba == "False"
