@@ -81,16 +81,21 @@ def streamed_document(
     capacities_tokens: Sequence[int],
     cache_outputs: bool | None = None,
     in_request: str | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any] | None:
     """`replay_document` of LRU on a trace file, replayed as it is read (the trace's keys are
     never all in memory): at one capacity by sim/streamed.py's resumable pool; at several, with
     prompt-only caching on a trace that names no agent, by sim/streamed_sweep.py's one pass
     over stack distances. None where it cannot be (requests out of start order; for several
     capacities, another caching, agents named, or what caches/stack.py would not answer in one
-    pass): then the trace must be read whole. With the garbage collector paused (gc_paused.py:
-    the chunks' rows are many objects in no cycle)."""
+    pass): then the trace must be read whole, and `notes` is told why (for the whole replay's
+    notes). With the garbage collector paused (gc_paused.py: the chunks' rows are many objects
+    in no cycle)."""
     with gc_paused():
-        return _streamed(path, block_size, capacities_tokens, cache_outputs, in_request)
+        doc, why = _streamed(path, block_size, capacities_tokens, cache_outputs, in_request)
+    if why is not None and notes is not None:
+        notes.append(f"replayed from the whole trace, not chunk by chunk as read: {why}")
+    return doc
 
 
 def _streamed(
@@ -99,7 +104,8 @@ def _streamed(
     capacities_tokens: Sequence[int],
     cache_outputs: bool | None,
     in_request: str | None,
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the document, None), or (None, why the trace cannot be replayed as it is read)."""
     from kvscope.sim.inputs.rows import KeyChunks, Rows
     from kvscope.sim.inputs.sources import trace_reads
     from kvscope.sim.streamed import CannotStream, stream_lru
@@ -119,7 +125,8 @@ def _streamed(
     labels = [] if first is None else [*first[0].agents, *first[0].workflows]
     named = any(v is not None for v in labels)  # harm is reported by agent
     if len(blocks) > 1 and (cache or named):
-        return None
+        what = "requests name agents (harm is reported by agent)" if named else "outputs cached"
+        return None, f"several capacities in one pass need prompt-only caching, no agents: {what}"
     reads = itertools.chain([first] if first else [], chunks)
     try:
         if len(blocks) == 1:
@@ -129,8 +136,8 @@ def _streamed(
             results = {blocks[0]: result}
         else:
             results, columns = stream_sweep(reads, bs, blocks, in_request=order)
-    except CannotStream:
-        return None
+    except CannotStream as err:
+        return None, str(err)
     rows, keys = Rows(), KeyChunks()
     for c in columns:  # the requests without their keys: what the summary and notes need
         rows.add(c)
@@ -148,7 +155,7 @@ def _streamed(
         f"lru replayed{how} as the trace was read (its requests came in start order): its block "
         "keys were never all in memory; seconds include the reading"
     ]
-    return _document(source, path, plan, None, Outcome(summaries, None, notes))
+    return _document(source, path, plan, None, Outcome(summaries, None, notes)), None
 
 
 def _document(

@@ -102,11 +102,12 @@ STREAM_FROM_BYTES = 32 << 20  # a trace file this large is replayed as it is rea
 
 def streamed(
     source: Path, block_size: int | None, policy: str | None, capacity_tokens: str | None,
-    cache_outputs: bool | None, in_request: str | None,
+    cache_outputs: bool | None, in_request: str | None, notes: list[str],
 ) -> dict[str, Any] | None:  # fmt: skip
     """replaying.streamed_document where it applies: LRU at the capacities given, on a trace
     file of STREAM_FROM_BYTES or more or a compressed one (smaller ones replay faster whole,
-    without compiled code); else None (the trace is read whole)."""
+    without compiled code); else None (the trace is read whole; `notes` says why where it was
+    tried)."""
     if policy is None or [p.strip() for p in policy.split(",")] != ["lru"]:
         return None
     caps = [c.strip().replace("_", "") for c in (capacity_tokens or "").split(",")]
@@ -118,7 +119,8 @@ def streamed(
         return None
     from kvscope.replaying import streamed_document
 
-    return streamed_document(source, block_size, [int(c) for c in caps], cache_outputs, in_request)
+    caps_tokens = [int(c) for c in caps]
+    return streamed_document(source, block_size, caps_tokens, cache_outputs, in_request, notes)
 
 
 @friendly
@@ -280,23 +282,24 @@ def replay(
         raise KvscopeError(f"--jobs must be at least 1, got {jobs}")
     tier = {"host_tokens": host_tokens, "prefetch": prefetch, "load_ms_per_block": host_load_ms}
     plain = not (any(v for v in tier.values()) or to_mooncake or to_tokens)
-    with reading_bar(source):  # a streamed replay reads the trace as it replays it
-        doc = (
-            streamed(source, block_size, policy, capacity_tokens, cache_outputs, in_request_order)
-            if plain
-            else None
-        )
-        if doc is None:
-            loaded = load_source(source, block_size, need_capacity=capacity_tokens is None)
+    why: list[str] = []  # why a streamed replay gave way to a whole one
+    doc = None
+    if plain:
+        with reading_bar(source):  # a streamed replay reads the trace as it replays it
+            doc = streamed(source, block_size, policy, capacity_tokens, cache_outputs,
+                           in_request_order, why)  # fmt: skip
     if doc is None:
         from kvscope.sim.grid import default_jobs
 
+        with reading_bar(source):
+            loaded = load_source(source, block_size, need_capacity=capacity_tokens is None)
         if to_tokens is not None and loaded.run_dir is None:
             raise KvscopeError("--to-tokens needs a run directory (its prompt token ids)")
         doc = replay_with_progress(
             loaded, source, policy, capacity_tokens, tier, cache_outputs, in_request_order,
             jobs or default_jobs(),
         )  # fmt: skip
+        doc["notes"] = [*why, *doc["notes"]]
     for section in replay_sections(doc):
         print_section(console, section)
     if json_out is not None:

@@ -41,6 +41,12 @@ class CannotStream(Exception):
 class NotInOrder(CannotStream):
     """A request starts before one already replayed: the trace is not in start order."""
 
+    def __init__(self) -> None:
+        super().__init__(
+            "a request starts before one already replayed (the file is out of start order by "
+            "more than the chunk of lines read at a time)"
+        )
+
 
 class _Pool:
     """The kernel's state between chunks, grown before each chunk to what it may need."""

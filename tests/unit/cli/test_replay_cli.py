@@ -352,6 +352,7 @@ def test_a_trace_out_of_start_order_beyond_the_window_is_read_whole(
     monkeypatch.setattr(chunks, "CHUNK_BYTES", 64)  # a line or so a chunk: the last one late
     text, again = _lru_at(trace, tmp_path / "again.json")
     assert "as the trace was read" not in text
+    assert "replayed from the whole trace" in text and "out of start order" in text  # why
     assert again == whole
     in_order = write_jsonl(rows[:-1], tmp_path / "in_order.jsonl")  # without it: streamed
     assert "as the trace was read" in _lru_at(in_order, tmp_path / "o.json")[0]
