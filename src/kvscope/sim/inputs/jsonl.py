@@ -1,14 +1,14 @@
 """The two JSONL trace formats (sim/inputs/sources.py describes them) read into a Trace.
 
 The file is read a chunk of lines at a time (sim/inputs/chunks.py): a chunk's id lists (a
-token-id line's `token_ids`, a Mooncake line's `hash_ids`) are read by numpy from the lines'
-bytes at once, and its fields are checked a column at a time (`_mooncake_whole`,
-`_tokens_whole`). A chunk where a check fails, or whose lists are in another form, is read again
-line by line (`_mooncake_lines`, `_tokens_lines`), which refuses the first bad line with its
-number, or reads lists numpy could not (ids of 2**63 or more) through orjson, checked whole
-(dtype, minimum), never id by id in Python. A token-id trace's prompts are hashed into block keys
-a chunk at a time while the file is read, so only the keys (one per block) stay in memory, not
-the token ids.
+token-id line's `token_ids`, a Mooncake line's `hash_ids`) are read from the lines' bytes at
+once (by compiled code or numpy), and its fields are checked a column at a time
+(`_mooncake_whole`, `_tokens_whole`). A chunk where a check fails, or whose lists are in
+another form, is read again line by line (`_mooncake_lines`, `_tokens_lines`), which refuses
+the first bad line with its number, or reads lists the chunk's reader could not through
+orjson, checked whole (dtype, minimum), never id by id in Python. A token-id trace's prompts
+are hashed into block keys a chunk at a time while the file is read, so only the keys (one per
+block) stay in memory, not the token ids.
 
 What is refused, each as a KvscopeError naming the file, the line and the field: a line that is
 not a JSON object; a missing field or one of the wrong type; a negative length; an id that is
