@@ -22,6 +22,7 @@ the keys it holds and one of the keys it evicted (for the harm rows); per reques
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -32,6 +33,8 @@ from kvscope.sim.caches.pool_compiled import harm_rows
 from kvscope.sim.caches.result import SimResult
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 from kvscope.sim.trace import prompt_only_lengths
+
+WINDOW_PARTS = 4  # how many chunks late (in file order) a request may come and still be sorted
 
 
 class CannotStream(Exception):
@@ -44,7 +47,7 @@ class NotInOrder(CannotStream):
     def __init__(self) -> None:
         super().__init__(
             "a request starts before one already replayed (the file is out of start order by "
-            "more than the chunk of lines read at a time)"
+            f"more than the {WINDOW_PARTS} chunks of lines sorted as they are read)"
         )
 
 
@@ -104,9 +107,11 @@ def stream_lru(
     cache_outputs: bool = True,
     in_request: str = IN_REQUEST[0],
     attribute: bool = True,
+    window: int = WINDOW_PARTS,
 ) -> tuple[SimResult, list[Any]]:
     """(the replay's SimResult, the chunks' Columns as read): see the module doc. The result's
-    requests are in start order (ties in file order), as Rows.trace orders the Columns.
+    requests are in start order (ties in file order), as Rows.trace orders the Columns;
+    `window`: how many chunks late a request may come (`in_start_order`).
     `attribute` False: no harm rows, and no table of evicted keys (memory then follows the cache
     alone); a request that names an agent or a workflow, whose harm would be reported, raises
     CannotStream."""
@@ -126,7 +131,7 @@ def stream_lru(
             yield Part(cols.start_ms, cols.end_ms, cols.prompt, cols.output, keys, counts)
 
     base, last_start = 0, -np.inf
-    chunks = in_start_order(parts())
+    chunks = in_start_order(parts(), window)
     chunk = next(chunks, None)
     while chunk is not None:
         part, chunk = chunk, next(chunks, None)
@@ -201,20 +206,22 @@ class Part(NamedTuple):
         return Part(*(a[idx] for a in self[:4]), keys, picked)
 
 
-def in_start_order(parts: Iterable[Part]) -> Iterator[Part]:
+def in_start_order(parts: Iterable[Part], window: int = WINDOW_PARTS) -> Iterator[Part]:
     """The parts' requests in start order (ties in file order, as Rows.trace sorts them), a
     part at a time, for a file whose requests are out of order only within a window: each part
-    read releases the requests held or read that start before its earliest start; the rest
-    wait for the next part. A request that starts before one already released raises
-    NotInOrder."""
+    read releases the requests held or read that start before the earliest start of the last
+    `window` parts read; the rest wait. A request that starts before one already released (it
+    came more than about `window` parts late) raises NotInOrder."""
     held: Part | None = None
     released = -np.inf
+    edges: deque[float] = deque(maxlen=window)
     for part in parts:
         if not len(part):
             continue
-        edge = float(part.start.min())
-        if edge < released:
+        edges.append(float(part.start.min()))
+        if edges[-1] < released:
             raise NotInOrder
+        edge = min(edges)
         if held is not None:  # file order: the held requests were read first
             part = Part(*(np.concatenate([a, b]) for a, b in zip(held, part, strict=True)))
         order = np.argsort(part.start, kind="stable")

@@ -124,11 +124,20 @@ def test_a_file_out_of_order_within_a_window_is_replayed_in_start_order(seed: in
         assert rows.trace(Path("t"), 4, none).request_ids == read.request_ids
 
 
-def test_a_start_before_one_already_replayed_is_refused() -> None:
-    tr = make_trace([[1], [2], [3], [4], [5], [6], [7]], start=[0, 1, 2, 3, 4, 5, 0.5])
-    with pytest.raises(NotInOrder):
-        stream_lru(_reads(tr, [3, 6]), 4, 8)
-    stream_lru(_reads(tr, [6]), 4, 8)  # within the window: sorted
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_a_start_before_one_already_replayed_is_refused(window: int) -> None:
+    """A request may come up to `window` parts late and still be sorted in; later, refused."""
+    n = 12
+    for late in range(1, n):  # the last request starts before request `late`, read one a part
+        tr = make_trace([[k + 1] for k in range(n)], start=[*range(n - 1), late - 0.5])
+        parts = _reads(tr, list(range(1, n)))
+        if n - 1 - late <= window:
+            got, _ = stream_lru(parts, 4, 8, window=window)  # within the window: sorted
+            read = _permuted(tr, np.argsort(tr.start_s, kind="stable"))
+            _same(got, simulate(read, "lru", 8, compiled=True))
+        else:
+            with pytest.raises(NotInOrder):
+                stream_lru(parts, 4, 8, window=window)
 
 
 def test_no_requests() -> None:
