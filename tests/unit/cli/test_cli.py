@@ -38,12 +38,12 @@ def test_occupied_port(isolated_dirs: Path) -> None:
     model = isolated_dirs / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    port = free_port()
     cfg = isolated_dirs / "engine.yaml"
-    cfg.write_text(f"python: {sys.executable}\nmodel: {model}\nport: {port}\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+    with socket.socket() as s:  # the port held from the start: nothing can take it meanwhile
+        s.bind(("127.0.0.1", 0))
         s.listen()
+        port = s.getsockname()[1]
+        cfg.write_text(f"python: {sys.executable}\nmodel: {model}\nport: {port}\n")
         line = one_error_line(runner.invoke(app, ["engine", "up", str(cfg)]))
     assert f"port {port}" in line and "already in use" in line
 
