@@ -120,7 +120,8 @@ def streamed(
     from kvscope.replaying import streamed_document
 
     caps_tokens = [int(c) for c in caps]
-    return streamed_document(source, block_size, caps_tokens, cache_outputs, in_request, notes)
+    with reading_bar(source):  # a streamed replay reads the trace as it replays it
+        return streamed_document(source, block_size, caps_tokens, cache_outputs, in_request, notes)
 
 
 @friendly
@@ -285,9 +286,8 @@ def replay(
     why: list[str] = []  # why a streamed replay gave way to a whole one
     doc = None
     if plain:
-        with reading_bar(source):  # a streamed replay reads the trace as it replays it
-            doc = streamed(source, block_size, policy, capacity_tokens, cache_outputs,
-                           in_request_order, why)  # fmt: skip
+        doc = streamed(source, block_size, policy, capacity_tokens, cache_outputs,
+                       in_request_order, why)  # fmt: skip
     if doc is None:
         from kvscope.sim.grid import default_jobs
 
