@@ -34,7 +34,7 @@ from kvscope.sim.caches.result import SimResult
 from kvscope.sim.simulate import CACHING, IN_REQUEST
 from kvscope.sim.trace import prompt_only_lengths
 
-WINDOW_PARTS = 4  # how many chunks late (in file order) a request may come and still be sorted
+WINDOW_PARTS = 2  # how many chunks late (in file order) a request may come and still be sorted
 
 
 class CannotStream(Exception):
