@@ -18,7 +18,7 @@ compressed file (gzip, bzip2, xz) is read through its decompressor, a chunk at a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -152,11 +152,8 @@ def _found(first: int, text: bytes, key: bytes, lift: str, dtype: type) -> tuple
     if found is None:
         return None
     spans, ids, counts, size = found
-    try:
-        rows = [orjson.loads(text[s : o + 1] + text[c:e]) for _, s, o, c, e in spans.tolist()]
-    except orjson.JSONDecodeError:
-        return None
-    if any(type(r) is not dict or r.get(lift) != [] for r in rows):
+    rows = _emptied_rows((text[s : o + 1] + text[c:e] for _, s, o, c, e in spans.tolist()), lift)
+    if rows is None:
         return None
     numbers = range(first, first + size) if len(rows) == size else (spans[:, 0] + first).tolist()
     return Chunk(numbers, _Lines(text, spans), rows, ids, counts), size
@@ -172,13 +169,20 @@ def _lifted(
     read = _ids([c[1] for c in cut], dtype)  # type: ignore[index]
     if read is None:
         return None
+    rows = _emptied_rows((c[0] + c[2] for c in cut), lift)  # type: ignore[index]
+    return None if rows is None else Chunk(numbers, lines, rows, *read)
+
+
+def _emptied_rows(texts: Iterable[bytes], lift: str) -> list[dict[str, Any]] | None:
+    """The objects of lines whose list was cut out (`"lift":[]` left), or None where one is not
+    a JSON object whose field `lift` is now that empty list (the list was not the field's)."""
     try:
-        rows = [orjson.loads(c[0] + c[2]) for c in cut]  # type: ignore[index]
+        rows = [orjson.loads(t) for t in texts]
     except orjson.JSONDecodeError:
         return None
     if any(type(r) is not dict or r.get(lift) != [] for r in rows):
         return None
-    return Chunk(numbers, lines, rows, *read)
+    return rows
 
 
 def _ids(texts: list[bytes], dtype: type) -> tuple[np.ndarray, np.ndarray] | None:
